@@ -1,0 +1,1 @@
+"""admin package of Bastion."""

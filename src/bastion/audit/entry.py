@@ -1,0 +1,130 @@
+"""The typed audit entry and its hash (DESIGN section 4).
+
+Every field is always serialized, ``null`` included, in this fixed set:
+``seq, ts, session_id, call_id, workflow_id, execution_id, agent, event,
+server, tool, args_digest, binding, decision, reason, outcome,
+policy_version, worker, epoch, detail, prev, hash``.
+
+``hash = SHA-256(bytes.fromhex(prev) || JCS(entry without "hash"))`` where JCS
+is RFC 8785 canonical JSON. The genesis entry of a chain has ``seq = 0`` and
+``prev = GENESIS_PREV`` (64 zeros); its ``detail`` commits to the signing key
+id and a random nonce, so the chain root (its hash) is unique per session.
+
+This module is pure: no I/O, no sockets, no database. The offline verifier
+imports it.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import rfc8785
+
+__all__ = [
+    "ENTRY_FIELDS",
+    "GENESIS_PREV",
+    "AuditEntry",
+    "AuditEvent",
+    "Decision",
+    "compute_hash",
+    "digest_json",
+    "format_ts",
+]
+
+GENESIS_PREV = "0" * 64
+
+
+class AuditEvent(enum.StrEnum):
+    SESSION_OPEN = "session_open"
+    SESSION_CLOSE = "session_close"
+    ADMITTED = "admitted"
+    REFUSED = "refused"
+    INVOKING = "invoking"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    RELEASED = "released"
+    COLLISION = "collision"
+    REPLAY = "replay"
+    ISOLATION_REFUSED = "isolation_refused"
+    RECOVERY = "recovery"
+    REVOCATION = "revocation"
+
+
+class Decision(enum.StrEnum):
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One link of an evidence session's chain. Build unsealed (``hash=None``), then :meth:`seal`."""
+
+    seq: int
+    ts: str
+    session_id: str
+    call_id: str | None
+    workflow_id: str | None
+    execution_id: str | None
+    agent: str | None
+    event: str
+    server: str | None
+    tool: str | None
+    args_digest: str | None
+    binding: str | None
+    decision: str | None
+    reason: str | None
+    outcome: str | None
+    policy_version: str | None
+    worker: str | None
+    epoch: int | None
+    detail: dict[str, Any] | None
+    prev: str
+    hash: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        """Every field but ``hash``, the object that is hashed."""
+        data = asdict(self)
+        del data["hash"]
+        return data
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, ``hash`` included, as it is exported."""
+        return asdict(self)
+
+    def seal(self) -> AuditEntry:
+        """This entry with its ``hash`` computed over its body and ``prev``."""
+        return replace(self, hash=compute_hash(self.prev, self.body()))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AuditEntry:
+        """Build from an exported object; raises ``KeyError``/``TypeError`` on a missing or extra field."""
+        if set(data) != set(ENTRY_FIELDS):
+            missing = sorted(set(ENTRY_FIELDS) - set(data))
+            extra = sorted(set(data) - set(ENTRY_FIELDS))
+            raise KeyError(f"entry fields differ: missing={missing} extra={extra}")
+        return cls(**data)
+
+
+ENTRY_FIELDS: tuple[str, ...] = tuple(AuditEntry.__dataclass_fields__)
+
+
+def compute_hash(prev: str, body: dict[str, Any]) -> str:
+    """``SHA-256(bytes.fromhex(prev) || JCS(body))`` as lowercase hex."""
+    h = hashlib.sha256(bytes.fromhex(prev))
+    h.update(rfc8785.dumps(body))
+    return h.hexdigest()
+
+
+def digest_json(value: Any) -> str:
+    """``sha256:<hex>`` of the RFC 8785 canonical JSON of ``value`` (arguments, results)."""
+    return "sha256:" + hashlib.sha256(rfc8785.dumps(value)).hexdigest()
+
+
+def format_ts(moment: datetime) -> str:
+    """RFC 3339 UTC with microseconds, the one timestamp format of the chain."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -1,0 +1,402 @@
+"""The one error tree of Bastion (STYLE "Errors", DESIGN section 9).
+
+::
+
+    BastionError
+    ├─ ConfigError            a configuration file that cannot be used (never reaches the wire)
+    ├─ RequestRejected        before dispatch: HTTP status + JSON-RPC error, id null or the request's id
+    │  ├─ ParseError (-32700, 400)   InvalidRequest (-32600, 400)   BodyTooLarge (-32600, 413)
+    │  ├─ MethodNotFound (-32601, 200)   InvalidParams (-32602, 200)
+    │  ├─ OriginForbidden (403)   NotAcceptable (406)   UnsupportedMediaType (415)
+    │  ├─ SessionIdMissing (400)   SessionNotFound (404)
+    │  ├─ ProtocolVersionMismatch (400)   UnsupportedProtocolVersion (-32022, 400)   HeaderMismatch (-32020, 400)
+    │  ├─ MethodNotAllowed (405)
+    │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
+    ├─ CallRefused            inside a call: HTTP 200 + JSON-RPC error in -32000…-32099
+    │  ├─ UnknownTool   GrantDenied   InvalidCmcpEnvelope
+    │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
+    │  └─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
+    ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
+    └─ StoreError             StaleEpoch   NotDurable   Conflict
+
+Checks raise; ``transport/`` renders. Every concrete class has a stable
+``reason`` (a member of :class:`Reason`), a JSON-RPC code and an HTTP status,
+fixed once and never renumbered. Messages never carry secrets: no token, no
+raw argument values.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, ClassVar
+
+__all__ = [
+    "AgentSessionExpired",
+    "AgentSessionRevoked",
+    "AttachmentContradictory",
+    "AttachmentUnproven",
+    "BastionError",
+    "BodyTooLarge",
+    "CallRefused",
+    "ConfigError",
+    "Conflict",
+    "ExecutionCollision",
+    "ExecutionIdRequired",
+    "ExecutionInFlight",
+    "ExecutionReplay",
+    "GrantDenied",
+    "HeaderMismatch",
+    "InvalidCmcpEnvelope",
+    "InvalidParams",
+    "InvalidRequest",
+    "MethodNotAllowed",
+    "MethodNotFound",
+    "NamespaceNotAttached",
+    "NamespaceNotConnected",
+    "NotAcceptable",
+    "NotDurable",
+    "OriginForbidden",
+    "OutcomeUnknown",
+    "ParseError",
+    "ProtocolVersionMismatch",
+    "Reason",
+    "RequestRejected",
+    "SessionIdMissing",
+    "SessionNotFound",
+    "StaleEpoch",
+    "StoreError",
+    "Unauthenticated",
+    "UnknownTool",
+    "UnsupportedMediaType",
+    "UnsupportedProtocolVersion",
+    "UpstreamError",
+    "UpstreamProtocolError",
+    "UpstreamTimeout",
+    "UpstreamUnavailable",
+]
+
+
+class Reason(enum.StrEnum):
+    """Stable, machine-readable reasons shared by the wire, the CLI and the audit."""
+
+    CONFIG_INVALID = "config_invalid"
+    PARSE_ERROR = "parse_error"
+    INVALID_REQUEST = "invalid_request"
+    BODY_TOO_LARGE = "body_too_large"
+    METHOD_NOT_FOUND = "method_not_found"
+    INVALID_PARAMS = "invalid_params"
+    ORIGIN_FORBIDDEN = "origin_forbidden"
+    NOT_ACCEPTABLE = "not_acceptable"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    SESSION_ID_MISSING = "session_id_missing"
+    SESSION_NOT_FOUND = "session_not_found"
+    PROTOCOL_VERSION_MISMATCH = "protocol_version_mismatch"
+    UNSUPPORTED_PROTOCOL_VERSION = "unsupported_protocol_version"
+    HEADER_MISMATCH = "header_mismatch"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    CREDENTIAL_INVALID = "credential_invalid"
+    AGENT_SESSION_EXPIRED = "agent_session_expired"
+    AGENT_SESSION_REVOKED = "agent_session_revoked"
+    UNKNOWN_TOOL = "unknown_tool"
+    GRANT_DENIED = "grant_denied"
+    CMCP_INVALID = "cmcp_invalid"
+    REQUIRED_NAMESPACE_NOT_CONNECTED = "required_namespace_not_connected"
+    CONNECTED_NAMESPACE_MISSING = "connected_namespace_missing"
+    ATTACHMENT_CONTRADICTORY = "attachment_contradictory"
+    EXECUTION_COLLISION = "execution_collision"
+    EXECUTION_IN_FLIGHT = "execution_in_flight"
+    EXECUTION_REPLAY = "execution_replay"
+    EXECUTION_ID_REQUIRED = "execution_id_required"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    STORE_ERROR = "store_error"
+    STALE_EPOCH = "stale_epoch"
+    NOT_DURABLE = "not_durable"
+    CONFLICT = "conflict"
+
+
+class BastionError(Exception):
+    """Base of every error Bastion raises on purpose.
+
+    ``data`` holds extra machine-readable fields for the JSON-RPC ``error.data``
+    object; it must never hold secrets.
+    """
+
+    reason: ClassVar[Reason]
+    jsonrpc_code: ClassVar[int] = -32603
+    http_status: ClassVar[int] = 500
+    default_message: ClassVar[str] = "internal error"
+
+    def __init__(self, message: str | None = None, **data: Any) -> None:
+        self.message = message or self.default_message
+        self.data: dict[str, Any] = data
+        super().__init__(self.message)
+
+    def error_data(self) -> dict[str, Any]:
+        """The JSON-RPC ``error.data`` object: the stable reason plus extra fields."""
+        return {"reason": self.reason.value, **self.data}
+
+
+class ConfigError(BastionError):
+    """A configuration file that cannot be used; the message names file, key path and defect."""
+
+    reason = Reason.CONFIG_INVALID
+    default_message = "invalid configuration"
+
+
+# ---------------------------------------------------------------- before dispatch
+
+
+class RequestRejected(BastionError):
+    """Refused before dispatch: rendered with its HTTP status and a JSON-RPC error."""
+
+    http_status = 400
+    jsonrpc_code = -32600
+
+
+class ParseError(RequestRejected):
+    reason = Reason.PARSE_ERROR
+    jsonrpc_code = -32700
+    default_message = "Parse error: body is not valid JSON"
+
+
+class InvalidRequest(RequestRejected):
+    reason = Reason.INVALID_REQUEST
+    default_message = "Invalid Request: not a JSON-RPC 2.0 message"
+
+
+class BodyTooLarge(RequestRejected):
+    reason = Reason.BODY_TOO_LARGE
+    http_status = 413
+    default_message = "Request body too large"
+
+
+class MethodNotFound(RequestRejected):
+    reason = Reason.METHOD_NOT_FOUND
+    jsonrpc_code = -32601
+    http_status = 200
+    default_message = "Method not found"
+
+
+class InvalidParams(RequestRejected):
+    reason = Reason.INVALID_PARAMS
+    jsonrpc_code = -32602
+    http_status = 200
+    default_message = "Invalid params"
+
+
+class OriginForbidden(RequestRejected):
+    reason = Reason.ORIGIN_FORBIDDEN
+    http_status = 403
+    default_message = "Origin not allowed"
+
+
+class NotAcceptable(RequestRejected):
+    reason = Reason.NOT_ACCEPTABLE
+    http_status = 406
+    default_message = "Not Acceptable: Accept must include application/json and text/event-stream"
+
+
+class UnsupportedMediaType(RequestRejected):
+    reason = Reason.UNSUPPORTED_MEDIA_TYPE
+    http_status = 415
+    default_message = "Unsupported Media Type: Content-Type must be application/json"
+
+
+class SessionIdMissing(RequestRejected):
+    reason = Reason.SESSION_ID_MISSING
+    default_message = "Bad Request: Mcp-Session-Id header is required"
+
+
+class SessionNotFound(RequestRejected):
+    """Unknown, expired, terminated or foreign: one answer, the audit keeps the cause."""
+
+    reason = Reason.SESSION_NOT_FOUND
+    http_status = 404
+    jsonrpc_code = -32001
+    default_message = "Session not found"
+
+
+class ProtocolVersionMismatch(RequestRejected):
+    reason = Reason.PROTOCOL_VERSION_MISMATCH
+    default_message = "MCP-Protocol-Version does not match the negotiated version"
+
+
+class UnsupportedProtocolVersion(RequestRejected):
+    reason = Reason.UNSUPPORTED_PROTOCOL_VERSION
+    jsonrpc_code = -32022
+    default_message = "Unsupported protocol version"
+
+
+class HeaderMismatch(RequestRejected):
+    reason = Reason.HEADER_MISMATCH
+    jsonrpc_code = -32020
+    default_message = "Header does not match the request body"
+
+
+class MethodNotAllowed(RequestRejected):
+    reason = Reason.METHOD_NOT_ALLOWED
+    http_status = 405
+    default_message = "Method Not Allowed"
+
+
+class Unauthenticated(RequestRejected):
+    reason = Reason.CREDENTIAL_INVALID
+    http_status = 401
+    jsonrpc_code = -32002
+    default_message = "Unauthorized: a valid bearer credential is required"
+
+
+class AgentSessionExpired(RequestRejected):
+    reason = Reason.AGENT_SESSION_EXPIRED
+    http_status = 401
+    jsonrpc_code = -32003
+    default_message = "Unauthorized: agent session expired"
+
+
+class AgentSessionRevoked(RequestRejected):
+    reason = Reason.AGENT_SESSION_REVOKED
+    http_status = 401
+    jsonrpc_code = -32004
+    default_message = "Unauthorized: agent session revoked"
+
+
+# ---------------------------------------------------------------- inside a call
+
+
+class CallRefused(BastionError):
+    """Refused inside a call: HTTP 200 with a JSON-RPC error in -32000…-32099."""
+
+    http_status = 200
+    jsonrpc_code = -32010
+
+
+class UnknownTool(CallRefused):
+    reason = Reason.UNKNOWN_TOOL
+    jsonrpc_code = -32602
+    default_message = "Unknown tool"
+
+
+class GrantDenied(CallRefused):
+    reason = Reason.GRANT_DENIED
+    jsonrpc_code = -32030
+    default_message = "Denied by policy"
+
+
+class InvalidCmcpEnvelope(CallRefused):
+    reason = Reason.CMCP_INVALID
+    jsonrpc_code = -32031
+    default_message = "Invalid params._cmcp envelope"
+
+
+class AttachmentUnproven(CallRefused):
+    """A mutating call refused because a required namespace lacks attachment proof."""
+
+    reason = Reason.ATTACHMENT_CONTRADICTORY
+    jsonrpc_code = -32040
+
+
+class NamespaceNotConnected(AttachmentUnproven):
+    reason = Reason.REQUIRED_NAMESPACE_NOT_CONNECTED
+    jsonrpc_code = -32041
+    default_message = "Required namespace is not connected"
+
+
+class NamespaceNotAttached(AttachmentUnproven):
+    reason = Reason.CONNECTED_NAMESPACE_MISSING
+    jsonrpc_code = -32042
+    default_message = "Connected namespace is missing from this session's tool surface"
+
+
+class AttachmentContradictory(AttachmentUnproven):
+    reason = Reason.ATTACHMENT_CONTRADICTORY
+    jsonrpc_code = -32043
+    default_message = "Attachment evidence is contradictory"
+
+
+class ExecutionCollision(CallRefused):
+    reason = Reason.EXECUTION_COLLISION
+    jsonrpc_code = -32050
+    default_message = "execution_id already reserved with a different binding"
+
+
+class ExecutionInFlight(CallRefused):
+    reason = Reason.EXECUTION_IN_FLIGHT
+    jsonrpc_code = -32051
+    default_message = "execution_id is in flight"
+
+
+class ExecutionReplay(CallRefused):
+    reason = Reason.EXECUTION_REPLAY
+    jsonrpc_code = -32052
+    default_message = "execution_id already reached a terminal outcome"
+
+
+class ExecutionIdRequired(CallRefused):
+    reason = Reason.EXECUTION_ID_REQUIRED
+    jsonrpc_code = -32053
+    default_message = "This tool requires params._cmcp.execution_id"
+
+
+# ---------------------------------------------------------------- upstream
+
+
+class UpstreamError(BastionError):
+    """The upstream failed; rendered as a JSON-RPC error inside the call (HTTP 200)."""
+
+    http_status = 200
+    jsonrpc_code = -32060
+
+
+class UpstreamUnavailable(UpstreamError):
+    reason = Reason.UPSTREAM_UNAVAILABLE
+    jsonrpc_code = -32060
+    default_message = "Upstream unavailable"
+
+
+class UpstreamTimeout(UpstreamError):
+    reason = Reason.UPSTREAM_TIMEOUT
+    jsonrpc_code = -32061
+    default_message = "Upstream timed out"
+
+
+class UpstreamProtocolError(UpstreamError):
+    reason = Reason.UPSTREAM_PROTOCOL_ERROR
+    jsonrpc_code = -32062
+    default_message = "Upstream answered with an invalid message"
+
+
+class OutcomeUnknown(UpstreamError):
+    reason = Reason.OUTCOME_UNKNOWN
+    jsonrpc_code = -32063
+    default_message = "The upstream may have acted but no result came back"
+
+
+# ---------------------------------------------------------------- store
+
+
+class StoreError(BastionError):
+    reason = Reason.STORE_ERROR
+    http_status = 200
+    jsonrpc_code = -32070
+    default_message = "Storage error"
+
+
+class StaleEpoch(StoreError):
+    reason = Reason.STALE_EPOCH
+    jsonrpc_code = -32071
+    default_message = "Write refused: the writer's fencing epoch is stale"
+
+
+class NotDurable(StoreError):
+    reason = Reason.NOT_DURABLE
+    jsonrpc_code = -32072
+    default_message = "The state transition could not be made durable"
+
+
+class Conflict(StoreError):
+    reason = Reason.CONFLICT
+    jsonrpc_code = -32073
+    default_message = "Conflicting write"

@@ -1,0 +1,143 @@
+"""The immutable, versioned configuration snapshot (DESIGN section 8).
+
+A :class:`Snapshot` is built once from a validated TOML file by
+``policy/load.py`` and never changes afterwards; a reload builds a new one.
+Every object here is frozen and checked in its constructor, so a snapshot
+that exists is a snapshot that is valid. This module never reads files.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from bastion.errors import ConfigError
+from bastion.ids import AgentId
+
+__all__ = [
+    "AgentSpec",
+    "GatewaySettings",
+    "ServerSpec",
+    "Snapshot",
+    "UpstreamKind",
+    "TOOL_NAME_RULE",
+]
+
+# The strictest rule that common clients apply to tool names.
+TOOL_NAME_RULE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_NAMESPACE_RULE = re.compile(r"^[a-zA-Z0-9-]{1,32}$|^[a-zA-Z0-9_-]{1,32}$")
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+class UpstreamKind(enum.StrEnum):
+    HTTP = "http"
+    STDIO = "stdio"
+
+
+def _frozen_map(value: Mapping[str, str] | None) -> Mapping[str, str]:
+    return MappingProxyType(dict(value or {}))
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """Front-door settings. Defaults are the protective ones."""
+
+    tool_separator: str = "__"
+    max_body_bytes: int = 1_048_576
+    # Origins allowed to reach /mcp from a browser. Requests with no Origin
+    # (non-browser clients) are allowed; any other Origin is refused.
+    allowed_origins: tuple[str, ...] = ()
+    transport_session_idle_s: float = 1800.0
+    upstream_timeout_s: float = 60.0
+    max_transport_sessions: int = 100_000
+
+    def __post_init__(self) -> None:
+        if not self.tool_separator or not TOOL_NAME_RULE.match(self.tool_separator):
+            raise ConfigError("gateway.tool_separator must match ^[a-zA-Z0-9_-]{1,64}$")
+        if self.max_body_bytes < 1024:
+            raise ConfigError("gateway.max_body_bytes must be at least 1024")
+        if self.transport_session_idle_s <= 0 or self.upstream_timeout_s <= 0:
+            raise ConfigError("gateway timeouts must be positive")
+        if self.max_transport_sessions < 1:
+            raise ConfigError("gateway.max_transport_sessions must be at least 1")
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One upstream MCP server: Streamable HTTP (``url``) or a stdio process (``command``)."""
+
+    name: str
+    namespace: str
+    kind: UpstreamKind
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=lambda: _frozen_map(None))
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=lambda: _frozen_map(None))
+    cwd: str | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "headers", _frozen_map(self.headers))
+        object.__setattr__(self, "env", _frozen_map(self.env))
+        object.__setattr__(self, "args", tuple(self.args))
+        if not _NAMESPACE_RULE.match(self.namespace):
+            raise ConfigError(f"servers.{self.name}.namespace must match ^[a-zA-Z0-9_-]{{1,32}}$")
+        if self.kind is UpstreamKind.HTTP and not self.url:
+            raise ConfigError(f"servers.{self.name}: an http server needs url")
+        if self.kind is UpstreamKind.STDIO and not self.command:
+            raise ConfigError(f"servers.{self.name}: a stdio server needs command")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ConfigError(f"servers.{self.name}.timeout_s must be positive")
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """An agent allowed to connect with a static bearer token, known only by its SHA-256."""
+
+    name: AgentId
+    token_sha256: str
+
+    def __post_init__(self) -> None:
+        if not _SHA256_HEX.match(self.token_sha256):
+            raise ConfigError(f"agents.{self.name}.token_sha256 must be 64 lowercase hex characters")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One validated configuration, identified by ``version`` (a digest of its source)."""
+
+    version: str
+    gateway: GatewaySettings
+    servers: Mapping[str, ServerSpec]
+    agents: tuple[AgentSpec, ...]
+    source: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "servers", MappingProxyType(dict(self.servers)))
+        object.__setattr__(self, "agents", tuple(self.agents))
+        sep = self.gateway.tool_separator
+        seen: dict[str, str] = {}
+        for spec in self.servers.values():
+            if sep in spec.namespace:
+                raise ConfigError(
+                    f"servers.{spec.name}.namespace {spec.namespace!r} contains the tool separator {sep!r}"
+                )
+            if spec.namespace in seen:
+                raise ConfigError(
+                    f"servers.{spec.name}.namespace {spec.namespace!r} is already used by servers.{seen[spec.namespace]}"
+                )
+            seen[spec.namespace] = spec.name
+        hashes = [a.token_sha256 for a in self.agents]
+        if len(set(hashes)) != len(hashes):
+            raise ConfigError("agents: two agents share one token")
+
+    def server_for_namespace(self, namespace: str) -> ServerSpec | None:
+        for spec in self.servers.values():
+            if spec.namespace == namespace:
+                return spec
+        return None

@@ -1,0 +1,1 @@
+"""session package of Bastion."""

@@ -1,0 +1,1 @@
+"""upstream package of Bastion."""
