@@ -10,7 +10,7 @@
     │  ├─ OriginForbidden (403)   NotAcceptable (406)   UnsupportedMediaType (415)
     │  ├─ SessionIdMissing (400)   SessionNotFound (404)
     │  ├─ ProtocolVersionMismatch (400)   UnsupportedProtocolVersion (-32022, 400)   HeaderMismatch (-32020, 400)
-    │  ├─ MethodNotAllowed (405)
+    │  ├─ MethodNotAllowed (405)   TooManySessions (503)   StreamConflict (409)
     │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
     ├─ CallRefused            inside a call: HTTP 200 + JSON-RPC error in -32000…-32099
     │  ├─ UnknownTool   GrantDenied   InvalidCmcpEnvelope
@@ -65,6 +65,8 @@ __all__ = [
     "SessionNotFound",
     "StaleEpoch",
     "StoreError",
+    "StreamConflict",
+    "TooManySessions",
     "Unauthenticated",
     "UnknownTool",
     "UnsupportedMediaType",
@@ -94,6 +96,8 @@ class Reason(enum.StrEnum):
     UNSUPPORTED_PROTOCOL_VERSION = "unsupported_protocol_version"
     HEADER_MISMATCH = "header_mismatch"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    TOO_MANY_SESSIONS = "too_many_sessions"
+    STREAM_CONFLICT = "stream_conflict"
     CREDENTIAL_INVALID = "credential_invalid"
     AGENT_SESSION_EXPIRED = "agent_session_expired"
     AGENT_SESSION_REVOKED = "agent_session_revoked"
@@ -129,9 +133,12 @@ class BastionError(Exception):
     http_status: ClassVar[int] = 500
     default_message: ClassVar[str] = "internal error"
 
-    def __init__(self, message: str | None = None, **data: Any) -> None:
+    def __init__(self, message: str | None = None, *, cause: str | None = None, **data: Any) -> None:
         self.message = message or self.default_message
         self.data: dict[str, Any] = data
+        # The real cause, for the audit and logs only: never rendered on the wire,
+        # so that answers that must look alike (unknown vs foreign session) do.
+        self.cause = cause
         super().__init__(self.message)
 
     def error_data(self) -> dict[str, Any]:
@@ -234,6 +241,18 @@ class HeaderMismatch(RequestRejected):
     reason = Reason.HEADER_MISMATCH
     jsonrpc_code = -32020
     default_message = "Header does not match the request body"
+
+
+class TooManySessions(RequestRejected):
+    reason = Reason.TOO_MANY_SESSIONS
+    http_status = 503
+    default_message = "Service Unavailable: too many transport sessions"
+
+
+class StreamConflict(RequestRejected):
+    reason = Reason.STREAM_CONFLICT
+    http_status = 409
+    default_message = "Conflict: this session already has an open GET stream"
 
 
 class MethodNotAllowed(RequestRejected):
@@ -344,15 +363,32 @@ class ExecutionIdRequired(CallRefused):
 
 
 class UpstreamError(BastionError):
-    """The upstream failed; rendered as a JSON-RPC error inside the call (HTTP 200)."""
+    """The upstream failed; rendered as a JSON-RPC error inside the call (HTTP 200).
+
+    ``may_have_acted`` says whether the request may have reached the upstream:
+    admission releases an execution only when it is ``False``.
+    """
 
     http_status = 200
     jsonrpc_code = -32060
+    may_have_acted_default: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        may_have_acted: bool | None = None,
+        cause: str | None = None,
+        **data: Any,
+    ) -> None:
+        super().__init__(message, cause=cause, **data)
+        self.may_have_acted = self.may_have_acted_default if may_have_acted is None else may_have_acted
 
 
 class UpstreamUnavailable(UpstreamError):
     reason = Reason.UPSTREAM_UNAVAILABLE
     jsonrpc_code = -32060
+    may_have_acted_default = False
     default_message = "Upstream unavailable"
 
 

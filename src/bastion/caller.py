@@ -1,0 +1,31 @@
+"""Who is asking, for one request: the facts every step of a call may rely on.
+
+Built by ``transport/`` after authentication and session lookup; read by
+``call.py`` and ``methods.py``. It holds references, not copies, to the one
+transport session (session era) so that nothing about one client can be
+looked up through another's request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bastion.ids import AgentId
+from bastion.session.state import TransportSession
+from bastion.upstream.base import CallRelay
+
+__all__ = ["Caller"]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The authenticated agent behind one request and the channel back to it."""
+
+    agent: AgentId
+    protocol_version: str
+    client_capabilities: Mapping[str, Any]
+    transport_session: TransportSession | None  # None in the sessionless era
+    relay: CallRelay | None
+    log_level: str | None = None

@@ -1,0 +1,135 @@
+"""``bastion serve``: load the configuration (or build the demo), run the gateway under uvicorn."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import uvicorn
+
+from bastion.app import create_app
+from bastion.auth.bearer import hash_token
+from bastion.errors import ConfigError
+from bastion.logs import configure_logging
+from bastion.policy.load import load_snapshot, snapshot_from_mapping
+from bastion.policy.snapshot import Snapshot
+
+__all__ = ["run_serve"]
+
+DEMO_TOKEN_FILE = "demo-agent.token"
+
+
+def run_serve(config: Path | None, host: str, port: int, data_dir: Path, log_level: str) -> int:
+    configure_logging(log_level)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    demo_upstream: subprocess.Popen[str] | None = None
+    try:
+        if config is not None:
+            snapshot = load_snapshot(config)
+            token_note = None
+        else:
+            demo_upstream, tools_url = _start_demo_upstream(data_dir)
+            token = _demo_token(data_dir)
+            snapshot = _demo_snapshot(data_dir, tools_url, hash_token(token))
+            token_note = data_dir / DEMO_TOKEN_FILE
+    except ConfigError as exc:
+        print(f"bastion: {exc.message}", file=sys.stderr)
+        _stop(demo_upstream)
+        return 2
+    try:
+        anyio.run(_serve, snapshot, host, port, token_note)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _stop(demo_upstream)
+    return 0
+
+
+async def _serve(snapshot: Snapshot, host: str, port: int, token_note: Path | None) -> None:
+    app = create_app(snapshot)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+        while not server.started:
+            if server.should_exit:
+                return
+            await anyio.sleep(0.02)
+        bound = port
+        for s in server.servers:
+            for sock in s.sockets:
+                bound = sock.getsockname()[1]
+        url = f"http://{host}:{bound}/mcp"
+        print(f"BASTION READY {url}", flush=True)
+        if token_note is not None:
+            print(
+                f"Demo agent token: {token_note} (send it as 'Authorization: Bearer <token>').\n"
+                f"Connect with the official Python SDK:\n"
+                f"  python -m bastion.examples.connect --url {url} --token-file {token_note}",
+                flush=True,
+            )
+
+
+def _demo_token(data_dir: Path) -> str:
+    path = data_dir / DEMO_TOKEN_FILE
+    if path.exists():
+        return path.read_text().strip()
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    return token
+
+
+def _start_demo_upstream(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "BASTION_COUNTER_FILE": str(data_dir / "demo-counter.log")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bastion.examples.tools_server", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line.startswith("LISTENING "):
+        _stop(process)
+        raise ConfigError("the demo tools server did not start")
+    return process, line.split()[1]
+
+
+def _demo_snapshot(data_dir: Path, tools_url: str, token_sha256: str) -> Snapshot:
+    data: dict[str, Any] = {
+        "servers": {
+            "notes": {
+                "command": sys.executable,
+                "args": ["-m", "bastion.examples.notes_server"],
+                "env": {
+                    "BASTION_NOTES_FILE": str(data_dir / "demo-notes.jsonl"),
+                    "BASTION_COUNTER_FILE": str(data_dir / "demo-notes-counter.log"),
+                },
+            },
+            "tools": {"url": tools_url},
+        },
+        "agents": {"demo": {"token_sha256": token_sha256}},
+    }
+    version = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    return snapshot_from_mapping(data, source=None, version=version)
+
+
+def _stop(process: subprocess.Popen[str] | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)

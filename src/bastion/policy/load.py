@@ -1,0 +1,376 @@
+"""Read, validate and compile the TOML configuration file (DESIGN section 8).
+
+This module owns the file format documented in ``docs/configuration.md``: it
+turns one TOML file (or an already-parsed mapping, for the CLI's demo config)
+into a frozen :class:`~bastion.policy.snapshot.Snapshot`, or raises
+:class:`~bastion.errors.ConfigError` naming the file, the key path and the
+defect. It refuses every unknown key, because a typo must never silently
+weaken policy (DESIGN section 9). It must never print or embed in an error the
+value of a setting or of an environment variable: values may be credentials.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from bastion.errors import ConfigError
+from bastion.ids import AgentId
+from bastion.policy.snapshot import AgentSpec, GatewaySettings, ServerSpec, Snapshot, UpstreamKind
+
+__all__ = ["load_snapshot", "snapshot_from_mapping"]
+
+_SERVER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,32}$")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+# RFC 9110 token: the characters a header field name may use.
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_ENV_NAME = re.compile(r"^[^=\x00]+$")
+# One pass over the text: ``$$``, ``${NAME}``, or a ``$`` that is neither.
+_DOLLAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+_TOP_KEYS = frozenset({"gateway", "servers", "agents"})
+_GATEWAY_KEYS = frozenset(
+    {
+        "tool_separator",
+        "max_body_bytes",
+        "allowed_origins",
+        "transport_session_idle_s",
+        "upstream_timeout_s",
+        "max_transport_sessions",
+    }
+)
+_HTTP_KEYS = frozenset({"url", "headers"})
+_STDIO_KEYS = frozenset({"command", "args", "env", "cwd"})
+_SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s"}
+_AGENT_KEYS = frozenset({"token_sha256"})
+
+_T = TypeVar("_T")
+
+
+def load_snapshot(path: Path, *, environ: Mapping[str, str] | None = None) -> Snapshot:
+    """Read the TOML file at ``path`` and compile it into a :class:`Snapshot`.
+
+    ``version`` is the first 16 hex characters of the SHA-256 of the file's
+    bytes; ``${NAME}`` references are resolved from ``environ`` (default
+    ``os.environ``). Raises :class:`ConfigError` for an unreadable file, a
+    syntax error or any invalid content.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the file: {exc.strerror or type(exc).__name__}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: the file is not valid UTF-8 (byte offset {exc.start})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
+    version = hashlib.sha256(raw).hexdigest()[:16]
+    return snapshot_from_mapping(data, source=path, version=version, environ=environ)
+
+
+def snapshot_from_mapping(
+    data: Mapping[str, Any],
+    *,
+    source: Path | None,
+    version: str,
+    environ: Mapping[str, str] | None = None,
+) -> Snapshot:
+    """Validate an already-parsed configuration mapping and build a :class:`Snapshot`.
+
+    Applies exactly the checks of :func:`load_snapshot`; ``source`` only names
+    the file in error messages and on the snapshot. Raises :class:`ConfigError`.
+    """
+    ctx = _Context(source=source, environ=os.environ if environ is None else environ)
+    top = ctx.table(data, "")
+    ctx.refuse_unknown(top, _TOP_KEYS, "")
+    gateway = _read_gateway(ctx, top.get("gateway"))
+    servers = _read_servers(ctx, top.get("servers"))
+    agents = _read_agents(ctx, top.get("agents"))
+    return ctx.build(
+        Snapshot,
+        version=version,
+        gateway=gateway,
+        servers=servers,
+        agents=agents,
+        source=source,
+    )
+
+
+# ---------------------------------------------------------------- sections
+
+
+def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
+    if value is None:
+        return ctx.build(GatewaySettings)
+    table = ctx.table(value, "gateway")
+    ctx.refuse_unknown(table, _GATEWAY_KEYS, "gateway")
+    kwargs: dict[str, Any] = {}
+    if "tool_separator" in table:
+        kwargs["tool_separator"] = ctx.string(table["tool_separator"], "gateway.tool_separator")
+    for key in ("max_body_bytes", "max_transport_sessions"):
+        if key in table:
+            kwargs[key] = ctx.integer(table[key], f"gateway.{key}")
+    for key in ("transport_session_idle_s", "upstream_timeout_s"):
+        if key in table:
+            kwargs[key] = ctx.number(table[key], f"gateway.{key}")
+    if "allowed_origins" in table:
+        origins = ctx.string_list(table["allowed_origins"], "gateway.allowed_origins")
+        for index, origin in enumerate(origins):
+            _check_origin(ctx, origin, f"gateway.allowed_origins[{index}]")
+        kwargs["allowed_origins"] = tuple(origins)
+    return ctx.build(GatewaySettings, **kwargs)
+
+
+def _read_servers(ctx: _Context, value: Any) -> dict[str, ServerSpec]:
+    if value is None:
+        raise ctx.error("servers", "missing: at least one [servers.NAME] table is required")
+    table = ctx.table(value, "servers")
+    if not table:
+        raise ctx.error("servers", "empty: at least one [servers.NAME] table is required")
+    servers: dict[str, ServerSpec] = {}
+    for name, server_value in table.items():
+        key = _key_path("servers", name)
+        if not _SERVER_NAME.match(name):
+            raise ctx.error(key, "a server name must match ^[a-zA-Z0-9_-]{1,32}$")
+        servers[name] = _read_server(ctx, name, ctx.table(server_value, key), key)
+    return servers
+
+
+def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -> ServerSpec:
+    ctx.refuse_unknown(table, _SERVER_KEYS, key)
+    has_url, has_command = "url" in table, "command" in table
+    if has_url and has_command:
+        raise ctx.error(key, "has both url and command: a server is either http (url) or stdio (command)")
+    if not has_url and not has_command:
+        raise ctx.error(key, "missing key: a server needs url (http) or command (stdio)")
+    namespace = ctx.string(table["namespace"], f"{key}.namespace") if "namespace" in table else name
+    timeout_s = ctx.number(table["timeout_s"], f"{key}.timeout_s") if "timeout_s" in table else None
+    if has_url:
+        stray = [other for other in sorted(_STDIO_KEYS) if other in table]
+        if stray:
+            raise ctx.error(f"{key}.{stray[0]}", "only a stdio server (command) takes this key")
+        url = ctx.string(table["url"], f"{key}.url")
+        _check_url(ctx, url, f"{key}.url")
+        headers = _read_headers(ctx, table.get("headers"), f"{key}.headers")
+        return ctx.build(
+            ServerSpec,
+            name=name,
+            namespace=namespace,
+            kind=UpstreamKind.HTTP,
+            url=url,
+            headers=headers,
+            timeout_s=timeout_s,
+        )
+    stray = [other for other in sorted(_HTTP_KEYS) if other in table]
+    if stray:
+        raise ctx.error(f"{key}.{stray[0]}", "only an http server (url) takes this key")
+    command = ctx.string(table["command"], f"{key}.command")
+    if not command:
+        raise ctx.error(f"{key}.command", "must not be empty")
+    args = ctx.string_list(table["args"], f"{key}.args") if "args" in table else []
+    env = _read_env(ctx, table.get("env"), f"{key}.env")
+    cwd = ctx.string(table["cwd"], f"{key}.cwd") if "cwd" in table else None
+    return ctx.build(
+        ServerSpec,
+        name=name,
+        namespace=namespace,
+        kind=UpstreamKind.STDIO,
+        command=command,
+        args=tuple(args),
+        env=env,
+        cwd=cwd,
+        timeout_s=timeout_s,
+    )
+
+
+def _read_headers(ctx: _Context, value: Any, key: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    table = ctx.table(value, key)
+    headers: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for name, raw in table.items():
+        item = _key_path(key, name)
+        if not _HEADER_NAME.match(name):
+            raise ctx.error(item, "is not a valid HTTP header name")
+        if name.lower() in seen:
+            raise ctx.error(item, f"repeats header {seen[name.lower()]!r} (header names ignore case)")
+        seen[name.lower()] = name
+        text = ctx.interpolate(ctx.string(raw, item), item)
+        # A CR or LF would let one configured header smuggle another into the request.
+        if _CONTROL.search(text):
+            raise ctx.error(item, "the value contains a control character (after ${...} substitution)")
+        headers[name] = text
+    return headers
+
+
+def _read_env(ctx: _Context, value: Any, key: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    table = ctx.table(value, key)
+    env: dict[str, str] = {}
+    for name, raw in table.items():
+        item = _key_path(key, name)
+        if not _ENV_NAME.match(name):
+            raise ctx.error(item, "an environment variable name must be non-empty, without '=' or NUL")
+        text = ctx.interpolate(ctx.string(raw, item), item)
+        if "\x00" in text:
+            raise ctx.error(item, "the value contains NUL (after ${...} substitution)")
+        env[name] = text
+    return env
+
+
+def _read_agents(ctx: _Context, value: Any) -> list[AgentSpec]:
+    if value is None:
+        return []
+    table = ctx.table(value, "agents")
+    agents: list[AgentSpec] = []
+    for name, agent_value in table.items():
+        key = _key_path("agents", name)
+        agent = ctx.table(agent_value, key)
+        ctx.refuse_unknown(agent, _AGENT_KEYS, key)
+        if "token_sha256" not in agent:
+            raise ctx.error(f"{key}.token_sha256", "missing key: the SHA-256 of the agent's bearer token")
+        token_sha256 = ctx.string(agent["token_sha256"], f"{key}.token_sha256")
+        agents.append(ctx.build(AgentSpec, name=AgentId(name), token_sha256=token_sha256))
+    return agents
+
+
+def _check_url(ctx: _Context, url: str, key: str) -> None:
+    # Only the scheme is ever echoed: the rest of a URL may carry credentials.
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError:
+        raise ctx.error(key, "is not a valid URL") from None
+    if parts.scheme not in ("http", "https"):
+        raise ctx.error(key, f"scheme must be http or https, got {parts.scheme or 'none'!r}")
+    if not hostname:
+        raise ctx.error(key, "the URL has no host")
+
+
+def _check_origin(ctx: _Context, origin: str, key: str) -> None:
+    # The Origin header is compared verbatim, so anything but scheme://host[:port] never matches.
+    try:
+        parts = urlsplit(origin)
+        hostname = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ctx.error(key, "is not a valid origin") from None
+    if parts.scheme not in ("http", "https") or not hostname:
+        raise ctx.error(key, "an origin must look like http(s)://host[:port]")
+    if parts.path or parts.query or parts.fragment or parts.username or parts.password:
+        raise ctx.error(key, "an origin has no path, query, fragment or user (no trailing '/')")
+
+
+# ---------------------------------------------------------------- plumbing
+
+
+def _key_path(parent: str, key: str) -> str:
+    part = key if _BARE_KEY.match(key) else '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return f"{parent}.{part}" if parent else part
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, Mapping):
+        return "a table"
+    return f"a {type(value).__name__}"
+
+
+@dataclass(frozen=True)
+class _Context:
+    """Where errors point (the file) and where ``${NAME}`` is looked up."""
+
+    source: Path | None
+    environ: Mapping[str, str]
+
+    def error(self, key: str, defect: str) -> ConfigError:
+        where = f"{key}: {defect}" if key else defect
+        prefix = f"{self.source}: " if self.source is not None else ""
+        return ConfigError(f"{prefix}{where}", key=key)
+
+    def build(self, factory: Callable[..., _T], **kwargs: Any) -> _T:
+        """Call a snapshot constructor, prefixing the file name to its ConfigError."""
+        try:
+            return factory(**kwargs)
+        except ConfigError as exc:
+            prefix = f"{self.source}: " if self.source is not None else ""
+            raise ConfigError(f"{prefix}{exc.message}", **exc.data) from None
+
+    def refuse_unknown(self, table: Mapping[str, Any], allowed: frozenset[str], key: str) -> None:
+        for name in table:
+            if name not in allowed:
+                expected = ", ".join(sorted(allowed))
+                raise self.error(_key_path(key, name), f"unknown key (expected one of: {expected})")
+
+    def table(self, value: Any, key: str) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise self.error(key, f"expected a table, got {_type_name(value)}")
+        for name in value:
+            if not isinstance(name, str):
+                raise self.error(key, f"expected string keys, got {_type_name(name)}")
+        return value
+
+    def string(self, value: Any, key: str) -> str:
+        if not isinstance(value, str):
+            raise self.error(key, f"expected a string, got {_type_name(value)}")
+        return value
+
+    def string_list(self, value: Any, key: str) -> list[str]:
+        if not isinstance(value, list | tuple):
+            raise self.error(key, f"expected an array of strings, got {_type_name(value)}")
+        return [self.string(item, f"{key}[{index}]") for index, item in enumerate(value)]
+
+    def integer(self, value: Any, key: str) -> int:
+        # bool is a subclass of int: ``max_body_bytes = true`` must not read as 1.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"expected an integer, got {_type_name(value)}")
+        return value
+
+    def number(self, value: Any, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.error(key, f"expected a number, got {_type_name(value)}")
+        # TOML allows inf and nan; nan compares false with everything and would pass "> 0".
+        if not math.isfinite(value):
+            raise self.error(key, "expected a finite number, got inf or nan")
+        return float(value)
+
+    def interpolate(self, text: str, key: str) -> str:
+        """Replace ``${NAME}`` from the environment and ``$$`` with ``$``, in one pass."""
+
+        def substitute(match: re.Match[str]) -> str:
+            if match.group(0) == "$$":
+                return "$"
+            name = match.group(1)
+            if name is None:
+                raise self.error(key, "a '$' must start ${NAME} or be doubled as '$$'")
+            if name not in self.environ:
+                raise self.error(key, f"environment variable {name} is not set")
+            resolved = self.environ[name]
+            if not resolved:
+                raise self.error(key, f"environment variable {name} is empty")
+            return resolved
+
+        return _DOLLAR.sub(substitute, text)

@@ -1,0 +1,108 @@
+"""The registry of live transport sessions (DESIGN sections 1 and 5).
+
+Owns minting, finding, terminating and expiring session-era transport
+sessions. A lookup names the caller: a session presented by another agent is
+answered exactly as an unknown one (``SessionNotFound``), and the real cause
+is kept on the exception for the audit. There is no fallback to a "current"
+session, ever.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from bastion.errors import SessionNotFound
+from bastion.ids import AgentId, TransportSessionId, new_transport_session_id
+from bastion.session.state import TransportSession
+
+__all__ = ["SessionRegistry"]
+
+
+class SessionRegistry:
+    """Live transport sessions of this gateway process."""
+
+    def __init__(
+        self,
+        *,
+        idle_timeout_s: float,
+        max_sessions: int,
+        clock: Callable[[], float] = time.monotonic,
+        mint_id: Callable[[], TransportSessionId] = new_transport_session_id,
+    ) -> None:
+        self._sessions: dict[TransportSessionId, TransportSession] = {}
+        self._idle_timeout_s = idle_timeout_s
+        self._max_sessions = max_sessions
+        self._clock = clock
+        self._mint_id = mint_id
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __iter__(self) -> Iterator[TransportSession]:
+        return iter(list(self._sessions.values()))
+
+    def create(
+        self,
+        agent: AgentId,
+        protocol_version: str,
+        client_capabilities: Mapping[str, Any],
+        client_info: Mapping[str, Any],
+    ) -> TransportSession:
+        """Mint a new session for ``agent``; ids are random and never reused."""
+        session_id = self._mint_id()
+        while session_id in self._sessions:  # pragma: no cover - 192 random bits
+            session_id = self._mint_id()
+        now = self._clock()
+        transport_session = TransportSession(
+            id=session_id,
+            agent=agent,
+            protocol_version=protocol_version,
+            client_capabilities=dict(client_capabilities),
+            client_info=dict(client_info),
+            created_at=now,
+            last_seen=now,
+        )
+        self._sessions[session_id] = transport_session
+        return transport_session
+
+    def at_capacity(self) -> bool:
+        return len(self._sessions) >= self._max_sessions
+
+    def get(self, session_id: str, agent: AgentId) -> TransportSession:
+        """The live session ``session_id`` created by ``agent``.
+
+        Raises:
+            SessionNotFound: unknown, terminated, idle-expired, or created by another agent;
+                ``data`` is empty on the wire, the cause is in ``exc.cause``.
+        """
+        transport_session = self._sessions.get(TransportSessionId(session_id))
+        cause: str | None = None
+        if transport_session is None:
+            cause = "unknown"
+        elif transport_session.agent != agent:
+            cause = "foreign"
+        elif self._clock() - transport_session.last_seen > self._idle_timeout_s:
+            cause = "expired"
+        if cause is not None or transport_session is None:
+            raise SessionNotFound(cause=cause)
+        transport_session.last_seen = self._clock()
+        return transport_session
+
+    def remove(self, transport_session: TransportSession) -> None:
+        transport_session.terminated = True
+        transport_session.cancel_all()
+        self._sessions.pop(transport_session.id, None)
+
+    def expired(self) -> list[TransportSession]:
+        """Sessions idle past the timeout, removed from the registry (the caller closes them)."""
+        now = self._clock()
+        gone = [
+            s
+            for s in self._sessions.values()
+            if now - s.last_seen > self._idle_timeout_s and not s.in_flight
+        ]
+        for transport_session in gone:
+            self.remove(transport_session)
+        return gone

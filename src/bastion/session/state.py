@@ -1,0 +1,109 @@
+"""Per transport session state, and nowhere else (DESIGN section 5).
+
+One :class:`TransportSession` record holds everything that belongs to one
+client's session-era transport session: negotiated version, declared
+capabilities and client info, its in-flight request table (keyed by the
+client's own JSON-RPC ids), the requests relayed to it and awaiting its
+answer (keyed by gateway-minted ids), the upstream sessions opened for it,
+and its server-to-client GET stream with the event buffer used for
+``Last-Event-ID`` resumption. Nothing here is shared between two records.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from bastion.ids import AgentId, TransportSessionId
+from bastion.upstream.base import UpstreamSessions
+
+__all__ = ["InFlightCall", "PendingClientRequest", "ServerStream", "TransportSession"]
+
+RequestId = str | int
+
+
+@dataclass(eq=False)
+class InFlightCall:
+    """One client request being served; cancelling its scope ends only this request."""
+
+    client_request_id: RequestId
+    method: str
+    cancel_scope: anyio.CancelScope
+
+
+@dataclass(eq=False)
+class PendingClientRequest:
+    """A server-to-client request relayed to this client, waiting for the client's answer."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    reply: dict[str, Any] | None = None
+
+
+class ServerStream:
+    """The GET stream of one session: numbered events, a bounded replay buffer, one reader at a time."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        # Event ids are "<nonce>-<n>": a Last-Event-ID from another stream names nothing here.
+        self.nonce = secrets.token_hex(6)
+        self._events: deque[tuple[int, bytes]] = deque(maxlen=capacity)
+        self._last = 0
+        self._seq = itertools.count(1)
+        self._changed = anyio.Event()
+        self.attached = False
+
+    def publish(self, payload: bytes) -> int:
+        event_id = next(self._seq)
+        self._last = event_id
+        self._events.append((event_id, payload))
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+        return event_id
+
+    def last_id(self) -> int:
+        return self._last
+
+    def after(self, last_event_id: int) -> list[tuple[int, bytes]]:
+        return [(eid, data) for eid, data in self._events if eid > last_event_id]
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    def close(self) -> None:
+        self._changed.set()
+
+
+@dataclass(eq=False)
+class TransportSession:
+    """One client's session-era transport session."""
+
+    id: TransportSessionId
+    agent: AgentId
+    protocol_version: str
+    client_capabilities: Mapping[str, Any]
+    client_info: Mapping[str, Any]
+    created_at: float
+    last_seen: float
+    upstream_sessions: UpstreamSessions = field(default_factory=UpstreamSessions)
+    in_flight: dict[RequestId, InFlightCall] = field(default_factory=dict)
+    client_requests: dict[str, PendingClientRequest] = field(default_factory=dict)
+    server_stream: ServerStream = field(default_factory=ServerStream)
+    log_level: str | None = None
+    terminated: bool = False
+    _relay_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def next_relay_id(self) -> str:
+        """A fresh id for a request the gateway sends to this client."""
+        return f"bastion-r{next(self._relay_ids)}"
+
+    def cancel_all(self) -> None:
+        for call in self.in_flight.values():
+            call.cancel_scope.cancel()
+        for pending in self.client_requests.values():
+            pending.done.set()
+        self.server_stream.close()

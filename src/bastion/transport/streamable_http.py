@@ -1,0 +1,419 @@
+"""The front door: MCP Streamable HTTP at ``/mcp``, both eras (DESIGN sections 0, 2 step 1, 5).
+
+Order of checks for every request, first failure wins, each a typed error:
+
+1. HTTP method (405), ``Origin`` (403), credential (401).
+2. POST: ``Content-Type`` (415), ``Accept`` (406), body size (413), JSON (-32700), JSON-RPC shape (-32600).
+3. Era. ``initialize`` opens a session-era transport session. A request whose
+   ``MCP-Protocol-Version`` is a sessionless revision is served alone, after its
+   header and ``_meta`` versions are checked to agree (400). Anything else is
+   session era: ``Mcp-Session-Id`` is required (400), must name a live session
+   of this agent (404, the same for unknown, expired, terminated and foreign),
+   and the version header must match the negotiated one (400; absent means
+   2025-03-26). An unknown version is refused (400).
+4. Dispatch (``methods.py``), on a :class:`ResponseChannel` that belongs to this
+   request alone.
+
+This module renders errors; it never decides policy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, classify_inbound_request
+from starlette.datastructures import Headers
+from starlette.types import Receive, Scope, Send
+
+from bastion.auth.bearer import StaticBearerAuth
+from bastion.caller import Caller
+from bastion.errors import (
+    BastionError,
+    BodyTooLarge,
+    HeaderMismatch,
+    InvalidParams,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotAcceptable,
+    OriginForbidden,
+    ProtocolVersionMismatch,
+    RequestRejected,
+    SessionIdMissing,
+    StreamConflict,
+    TooManySessions,
+    UnsupportedMediaType,
+    UnsupportedProtocolVersion,
+)
+from bastion.ids import AgentId
+from bastion.methods import SERVER_CAPABILITIES, SERVER_INFO, MethodRouter, for_sessionless_wire
+from bastion.policy.snapshot import Snapshot
+from bastion.session.registry import SessionRegistry
+from bastion.session.state import InFlightCall, TransportSession
+from bastion.transport.channel import ResponseChannel, sse_frame
+from bastion.transport.jsonrpc import (
+    Notification,
+    Request,
+    RequestId,
+    Response,
+    decode_body,
+    dumps,
+    error_message,
+    parse_message,
+    result_message,
+)
+from bastion.transport.relay import StreamRelay
+from bastion.upstream.base import UpstreamReplied
+from bastion.versions import DEFAULT_HANDSHAKE_VERSION, HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION, MODERN_VERSIONS
+
+__all__ = ["FrontDoor"]
+
+logger = logging.getLogger(__name__)
+
+_KEEPALIVE_S = 15.0
+SessionClosed = Callable[[TransportSession, str], Awaitable[None]]
+
+
+class FrontDoor:
+    """The ASGI application behind ``/mcp``."""
+
+    def __init__(
+        self,
+        *,
+        snapshot: Callable[[], Snapshot],
+        auth: Callable[[], StaticBearerAuth],
+        registry: SessionRegistry,
+        router: MethodRouter,
+        close_session: SessionClosed,
+    ) -> None:
+        self._snapshot = snapshot
+        self._auth = auth
+        self._registry = registry
+        self._router = router
+        self._close_session = close_session
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = Headers(scope=scope)
+        try:
+            await self._serve(scope, receive, send, headers)
+        except RequestRejected as exc:
+            await _reject(send, exc, None)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
+        # (1) method, origin, credential
+        method = scope["method"]
+        if method not in ("POST", "GET", "DELETE"):
+            raise MethodNotAllowed()
+        snapshot = self._snapshot()
+        origin = headers.get("origin")
+        if origin is not None and origin not in snapshot.gateway.allowed_origins:
+            raise OriginForbidden()
+        agent = self._auth().authenticate(headers.get("authorization"), scope.get("query_string", b""))
+        version_header = headers.get("mcp-protocol-version")
+        if method == "POST":
+            await self._post(scope, receive, send, headers, agent, snapshot)
+            return
+        if version_header in MODERN_VERSIONS:
+            raise MethodNotAllowed("Method Not Allowed: the sessionless era has no GET stream or DELETE")
+        transport_session = self._session_for(headers, agent)
+        if method == "DELETE":
+            await self._close_session(transport_session, "client_delete")
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await self._get_stream(receive, send, headers, transport_session)
+
+    # ------------------------------------------------------------------ POST
+
+    async def _post(
+        self, scope: Scope, receive: Receive, send: Send, headers: Headers, agent: AgentId, snapshot: Snapshot
+    ) -> None:
+        # (2) media types, size, JSON, JSON-RPC
+        if headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            raise UnsupportedMediaType()
+        accept = headers.get("accept", "")
+        if "application/json" not in accept and "*/*" not in accept:
+            raise NotAcceptable()
+        sse_allowed = "text/event-stream" in accept or "*/*" in accept
+        body = await _read_body(receive, headers, snapshot.gateway.max_body_bytes)
+        decoded = decode_body(body)
+        message = parse_message(decoded)
+        version_header = headers.get("mcp-protocol-version")
+
+        # (3) era
+        if isinstance(message, Request) and message.method == "initialize":
+            await self._initialize(send, message, agent)
+            return
+        if version_header in MODERN_VERSIONS:
+            await self._post_sessionless(receive, send, headers, agent, message, decoded, sse_allowed)
+            return
+        if version_header is not None and version_header not in HANDSHAKE_VERSIONS:
+            raise UnsupportedProtocolVersion(
+                supported=[*HANDSHAKE_VERSIONS, *MODERN_VERSIONS], requested=version_header
+            )
+        transport_session = self._session_for(headers, agent)
+        if (version_header or DEFAULT_HANDSHAKE_VERSION) != transport_session.protocol_version:
+            raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
+        if isinstance(message, Notification):
+            self._on_notification(transport_session, message)
+            await _accepted(send)
+            return
+        if isinstance(message, Response):
+            pending = transport_session.client_requests.get(str(message.id))
+            if pending is not None:
+                pending.reply = {"result": message.result} if message.error is None else {"error": message.error}
+                pending.done.set()
+            await _accepted(send)
+            return
+        if message.id in transport_session.in_flight:
+            raise InvalidRequest("Invalid Request: this request id is already in flight on this session")
+        caller = Caller(
+            agent=agent,
+            protocol_version=transport_session.protocol_version,
+            client_capabilities=transport_session.client_capabilities,
+            transport_session=transport_session,
+            relay=None,
+            log_level=transport_session.log_level,
+        )
+        await self._answer(receive, send, caller, message, sse_allowed, cancel_on_disconnect=False)
+
+    async def _post_sessionless(
+        self,
+        receive: Receive,
+        send: Send,
+        headers: Headers,
+        agent: AgentId,
+        message: Request | Notification | Response,
+        decoded: dict[str, Any],
+        sse_allowed: bool,
+    ) -> None:
+        if isinstance(message, Notification):
+            # No client-to-server notifications on this wire; closing the stream cancels.
+            await _accepted(send)
+            return
+        if isinstance(message, Response):
+            raise InvalidRequest("Invalid Request: the sessionless era has no back channel to answer")
+        verdict = classify_inbound_request(decoded, headers=dict(headers.items()), supported_modern_versions=MODERN_VERSIONS)
+        if not hasattr(verdict, "protocol_version"):
+            code = getattr(verdict, "code", -32600)
+            error: BastionError
+            if code == -32022:
+                error = UnsupportedProtocolVersion(**(getattr(verdict, "data", None) or {}))
+            elif code == -32020:
+                error = HeaderMismatch(getattr(verdict, "message", None))
+            else:
+                error = InvalidParams(getattr(verdict, "message", None))
+            await _reject(send, error, message.id, status=ERROR_CODE_HTTP_STATUS.get(code, 400))
+            return
+        capabilities = getattr(verdict, "client_capabilities", None)
+        caller = Caller(
+            agent=agent,
+            protocol_version=getattr(verdict, "protocol_version", MODERN_VERSIONS[-1]),
+            client_capabilities=capabilities if isinstance(capabilities, dict) else {},
+            transport_session=None,
+            relay=None,
+        )
+        await self._answer(receive, send, caller, message, sse_allowed, cancel_on_disconnect=True)
+
+    async def _answer(
+        self,
+        receive: Receive,
+        send: Send,
+        caller: Caller,
+        request: Request,
+        sse_allowed: bool,
+        *,
+        cancel_on_disconnect: bool,
+    ) -> None:
+        """Dispatch one request and write its answer to its own channel only."""
+        channel = ResponseChannel(send, sse_allowed=sse_allowed)
+        transport_session = caller.transport_session
+        caller = Caller(
+            agent=caller.agent,
+            protocol_version=caller.protocol_version,
+            client_capabilities=caller.client_capabilities,
+            transport_session=transport_session,
+            relay=StreamRelay(channel, transport_session),
+            log_level=caller.log_level,
+        )
+        sessionless = transport_session is None
+        async with anyio.create_task_group() as tg:
+            with anyio.CancelScope() as call_scope:
+                if transport_session is not None:
+                    transport_session.in_flight[request.id] = InFlightCall(request.id, request.method, call_scope)
+                tg.start_soon(_watch_disconnect, receive, call_scope if cancel_on_disconnect else None, tg.cancel_scope)
+                try:
+                    reply, status = await self._dispatch(caller, request, sessionless)
+                    await channel.finish(reply, status)
+                finally:
+                    if transport_session is not None:
+                        transport_session.in_flight.pop(request.id, None)
+            if call_scope.cancelled_caught:
+                await channel.end_empty()
+            tg.cancel_scope.cancel()
+
+    async def _dispatch(self, caller: Caller, request: Request, sessionless: bool) -> tuple[dict[str, Any], int]:
+        try:
+            result = await self._router.dispatch(caller, request.method, request.params)
+        except BastionError as exc:
+            reply = error_message(request.id, exc)
+            status = exc.http_status if isinstance(exc, RequestRejected) else 200
+            if sessionless and status == 200:
+                status = ERROR_CODE_HTTP_STATUS.get(exc.jsonrpc_code, 200)
+            return reply, status
+        except UpstreamReplied as exc:
+            return error_message(request.id, exc.error), 200
+        if sessionless:
+            result = for_sessionless_wire(request.method, result)
+        return result_message(request.id, result), 200
+
+    def _on_notification(self, transport_session: TransportSession, message: Notification) -> None:
+        if message.method == "notifications/cancelled":
+            request_id = message.params.get("requestId")
+            call = transport_session.in_flight.get(request_id) if isinstance(request_id, str | int) else None
+            if call is not None and call.method != "initialize":
+                call.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------ session era
+
+    def _session_for(self, headers: Headers, agent: AgentId) -> TransportSession:
+        session_id = headers.get("mcp-session-id")
+        if not session_id:
+            raise SessionIdMissing()
+        return self._registry.get(session_id, agent)
+
+    async def _initialize(self, send: Send, request: Request, agent: AgentId) -> None:
+        params = request.params
+        requested = params.get("protocolVersion")
+        capabilities = params.get("capabilities", {})
+        client_info = params.get("clientInfo", {})
+        if not isinstance(requested, str) or not isinstance(capabilities, dict) or not isinstance(client_info, dict):
+            error = InvalidParams("Invalid params: initialize needs protocolVersion, capabilities and clientInfo")
+            await _reject(send, error, request.id, status=400)
+            return
+        if self._registry.at_capacity():
+            raise TooManySessions()
+        negotiated = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
+        transport_session = self._registry.create(agent, negotiated, capabilities, client_info)
+        result = {
+            "protocolVersion": negotiated,
+            "capabilities": SERVER_CAPABILITIES,
+            "serverInfo": SERVER_INFO,
+            "instructions": "Bastion gateway: one governed surface over several MCP servers.",
+        }
+        channel = ResponseChannel(send, sse_allowed=False, headers={"mcp-session-id": transport_session.id})
+        await channel.finish(result_message(request.id, result))
+
+    async def _get_stream(
+        self, receive: Receive, send: Send, headers: Headers, transport_session: TransportSession
+    ) -> None:
+        if "text/event-stream" not in headers.get("accept", ""):
+            raise NotAcceptable("Not Acceptable: the GET stream needs Accept: text/event-stream")
+        version_header = headers.get("mcp-protocol-version") or DEFAULT_HANDSHAKE_VERSION
+        if version_header != transport_session.protocol_version:
+            raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
+        stream = transport_session.server_stream
+        if stream.attached:
+            raise StreamConflict()
+        prefix, last_seen = _parse_last_event_id(headers.get("last-event-id"))
+        if prefix != stream_prefix(transport_session):
+            last_seen = None  # an id from another stream resumes nothing here
+        stream.attached = True
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream"),
+                        (b"cache-control", b"no-cache, no-transform"),
+                        (b"mcp-session-id", transport_session.id.encode()),
+                    ],
+                }
+            )
+            cursor = last_seen if last_seen is not None else stream.last_id()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_watch_disconnect, receive, None, tg.cancel_scope)
+                while not transport_session.terminated:
+                    for event_id, payload in stream.after(cursor):
+                        frame = sse_frame(payload, None)
+                        frame = f"id: {stream_prefix(transport_session)}-{event_id}\n".encode() + frame
+                        await send({"type": "http.response.body", "body": frame, "more_body": True})
+                        cursor = event_id
+                    with anyio.move_on_after(_KEEPALIVE_S) as keepalive:
+                        await stream.wait_changed()
+                    if keepalive.cancelled_caught:
+                        await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
+                tg.cancel_scope.cancel()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass
+        finally:
+            stream.attached = False
+
+
+def stream_prefix(transport_session: TransportSession) -> str:
+    """Event ids name their stream, so a ``Last-Event-ID`` can only resume the stream it came from."""
+    return transport_session.server_stream.nonce
+
+
+def _parse_last_event_id(value: str | None) -> tuple[str | None, int | None]:
+    if not value:
+        return None, None
+    prefix, _, number = value.rpartition("-")
+    try:
+        return prefix, int(number)
+    except ValueError:
+        return None, None
+
+
+async def _watch_disconnect(receive: Receive, call_scope: anyio.CancelScope | None, own: anyio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if call_scope is not None:
+                call_scope.cancel()
+            return
+
+
+async def _read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
+    declared = headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise BodyTooLarge(limit=limit)
+        except ValueError as exc:
+            raise InvalidRequest("Invalid Request: bad Content-Length") from exc
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise InvalidRequest("Invalid Request: the client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit=limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _accepted(send: Send) -> None:
+    await send({"type": "http.response.start", "status": 202, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _reject(send: Send, error: BastionError, request_id: RequestId | None, *, status: int | None = None) -> None:
+    body = dumps(error_message(request_id, error))
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if error.http_status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="bastion"'))
+    if error.http_status == 405:
+        headers.append((b"allow", b"GET, POST, DELETE"))
+    await send({"type": "http.response.start", "status": status or error.http_status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+

@@ -1,0 +1,167 @@
+"""The upstream boundary (DESIGN sections 2 step 7, and 5).
+
+An :class:`Upstream` is one configured MCP server. The call path asks it to
+run one request on behalf of one client through :meth:`Upstream.call`,
+handing it a :class:`CallContext`: the client's own relay (where progress,
+logging and server-to-client requests for *this* call go), the client's
+declared capabilities, and the per-client-session :class:`UpstreamSessions`
+holder, so an upstream session is never shared between client sessions.
+
+Owns: the contract and the verbatim upstream error. Never renders
+responses; never sees client credentials.
+
+Errors: transport failures are :mod:`bastion.errors` ``UpstreamError``
+subclasses (``UpstreamUnavailable`` when nothing was sent,
+``OutcomeUnknown`` when the upstream may have acted, ``UpstreamTimeout``);
+a JSON-RPC error that the upstream itself answered is
+:class:`UpstreamReplied`, relayed to the client as the upstream wrote it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio.abc
+
+__all__ = [
+    "CallContext",
+    "CallRelay",
+    "ClientDeclined",
+    "Upstream",
+    "UpstreamEra",
+    "UpstreamHealth",
+    "UpstreamReplied",
+    "UpstreamSessions",
+    "ListChangedCallback",
+]
+
+
+class UpstreamEra(enum.StrEnum):
+    UNKNOWN = "unknown"
+    SESSION = "session"  # initialize + Mcp-Session-Id (2025-03-26 … 2025-11-25)
+    SESSIONLESS = "sessionless"  # server/discover, independent requests (2026-07-28)
+
+
+class UpstreamReplied(Exception):  # noqa: N818 - it is a reply, not a failure of ours
+    """The upstream answered the request with a JSON-RPC error object; relayed verbatim."""
+
+    def __init__(self, error: Mapping[str, Any]) -> None:
+        self.error = dict(error)
+        super().__init__(str(self.error.get("message", "upstream error")))
+
+
+class ClientDeclined(Exception):  # noqa: N818
+    """The client answered a relayed server-to-client request with an error (or cannot take it)."""
+
+    def __init__(self, error: Mapping[str, Any]) -> None:
+        self.error = dict(error)
+        super().__init__(str(self.error.get("message", "client declined")))
+
+
+class CallRelay(Protocol):
+    """Where an upstream's messages about one call go: only to the client that made that call."""
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        """Deliver a notification on the call's own stream (progress already mapped back)."""
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Ask the calling client; returns its result or raises :class:`ClientDeclined`."""
+
+
+ListChangedCallback = Callable[[str], Awaitable[None]]
+
+
+class UpstreamSessions:
+    """Per client transport session: the upstream sessions opened for it, by server name.
+
+    Holds opaque closers so this module stays free of concrete upstream
+    types. Closing it closes every upstream session it opened, and nothing
+    else; a closed holder refuses new sessions.
+    """
+
+    def __init__(self) -> None:
+        self._by_server: dict[str, Any] = {}
+        self.closed = False
+
+    def get(self, server: str) -> Any | None:
+        return self._by_server.get(server)
+
+    def put(self, server: str, upstream_session: Any) -> None:
+        if self.closed:
+            raise RuntimeError("transport session closed")
+        self._by_server[server] = upstream_session
+
+    def drop(self, server: str, upstream_session: Any) -> None:
+        if self._by_server.get(server) is upstream_session:
+            del self._by_server[server]
+
+    def take_all(self) -> list[Any]:
+        self.closed = True
+        sessions = list(self._by_server.values())
+        self._by_server.clear()
+        return sessions
+
+    def servers(self) -> list[str]:
+        return list(self._by_server)
+
+
+@dataclass
+class CallContext:
+    """Everything an upstream may know about the client behind one request."""
+
+    relay: CallRelay | None
+    client_capabilities: Mapping[str, Any]
+    progress_token: str | int | None = None
+    upstream_sessions: UpstreamSessions | None = None
+    timeout_s: float = 60.0
+    log_level: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UpstreamHealth:
+    name: str
+    namespace: str
+    kind: str
+    era: str
+    connected: bool
+    tools: int
+    detail: str | None
+
+
+class Upstream(Protocol):
+    """One configured upstream MCP server."""
+
+    name: str
+    namespace: str
+
+    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Connect (or launch) and learn the era; failures are recorded in :meth:`health`, not raised.
+
+        Background work (supervision, listening) runs in ``task_group``, which outlives this call.
+        """
+
+    async def aclose(self) -> None:
+        """Close every connection and stop any process this upstream launched."""
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """The upstream's tools, all pages, as raw MCP tool objects."""
+
+    async def call(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
+        """Send one request for one client and return the upstream's result.
+
+        Raises:
+            UpstreamReplied: the upstream answered with a JSON-RPC error.
+            UpstreamUnavailable: nothing was sent.
+            OutcomeUnknown: sent, and no result came back.
+            UpstreamTimeout: no result within ``ctx.timeout_s`` (the upstream is told to cancel).
+        """
+
+    async def close_session(self, upstream_session: Any) -> None:
+        """Close one upstream session opened for a client session."""
+
+    def health(self) -> UpstreamHealth:
+        """Current connection facts, for ``/readyz``."""

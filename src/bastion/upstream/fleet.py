@@ -1,0 +1,152 @@
+"""All configured upstreams and the one tool surface they make (DESIGN section 2, issue "one tool surface").
+
+Owns: building each upstream from its spec, starting and stopping them, and
+the namespaced tool catalog: every upstream tool exposed as
+``<namespace><separator><tool>``, description, schemas and annotations
+preserved. A name that would break the strictest common client rule
+(``^[a-zA-Z0-9_-]{1,64}$``) is left out and reported, never mangled into a
+name that could collide.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx
+
+from bastion.errors import UpstreamError
+from bastion.policy.snapshot import TOOL_NAME_RULE, ServerSpec, Snapshot, UpstreamKind
+from bastion.upstream.base import Upstream, UpstreamHealth, UpstreamReplied
+from bastion.upstream.stdio import StdioUpstream
+from bastion.upstream.streamable_http import HttpUpstream
+
+__all__ = ["ToolEntry", "UpstreamFleet"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ToolEntry:
+    """One tool of the surface: where it routes, and how it is shown."""
+
+    exposed_name: str
+    server: str
+    namespace: str
+    upstream_name: str
+    definition: Mapping[str, Any]
+
+    @property
+    def read_only(self) -> bool:
+        annotations = self.definition.get("annotations")
+        return isinstance(annotations, dict) and annotations.get("readOnlyHint") is True
+
+
+NamespaceChanged = Callable[[str], Awaitable[None]]
+
+
+class UpstreamFleet:
+    """The upstreams of one gateway process and their merged tool catalog."""
+
+    def __init__(self, snapshot: Snapshot, *, on_namespace_changed: NamespaceChanged | None = None) -> None:
+        self._snapshot = snapshot
+        self._separator = snapshot.gateway.tool_separator
+        self._on_namespace_changed = on_namespace_changed
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(snapshot.gateway.upstream_timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=128),
+            follow_redirects=False,
+            trust_env=False,
+        )
+        self.upstreams: dict[str, Upstream] = {
+            name: self._build(spec) for name, spec in snapshot.servers.items()
+        }
+        self._tools_by_server: dict[str, list[ToolEntry]] = {name: [] for name in self.upstreams}
+        self._catalog: Mapping[str, ToolEntry] = MappingProxyType({})
+        self.skipped_tools: list[str] = []
+        self._refresh_lock = anyio.Lock()
+
+    def _build(self, spec: ServerSpec) -> Upstream:
+        if spec.kind is UpstreamKind.HTTP:
+            return HttpUpstream(spec, self._http, on_list_changed=self._list_changed)
+        return StdioUpstream(spec, on_list_changed=self._list_changed)
+
+    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Start every upstream concurrently; their background work lives in ``task_group``."""
+        async with anyio.create_task_group() as tg:
+            for upstream in self.upstreams.values():
+                tg.start_soon(upstream.start, task_group)
+        async with anyio.create_task_group() as tg:
+            for name in self.upstreams:
+                tg.start_soon(self.refresh_server, name)
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for upstream in self.upstreams.values():
+                try:
+                    await upstream.aclose()
+                except Exception:
+                    logger.exception("closing upstream %s failed", upstream.name)
+            await self._http.aclose()
+
+    # ------------------------------------------------------------------ catalog
+
+    @property
+    def catalog(self) -> Mapping[str, ToolEntry]:
+        return self._catalog
+
+    def lookup(self, exposed_name: str) -> ToolEntry | None:
+        return self._catalog.get(exposed_name)
+
+    async def refresh_server(self, name: str) -> None:
+        upstream = self.upstreams[name]
+        try:
+            tools = await upstream.list_tools()
+        except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
+            logger.warning("listing tools of upstream %s failed: %s", name, exc)
+            return
+        entries: list[ToolEntry] = []
+        skipped: list[str] = []
+        for tool in tools:
+            upstream_name = tool.get("name")
+            if not isinstance(upstream_name, str):
+                continue
+            exposed = f"{upstream.namespace}{self._separator}{upstream_name}"
+            if not TOOL_NAME_RULE.match(exposed):
+                skipped.append(exposed)
+                continue
+            entries.append(
+                ToolEntry(
+                    exposed_name=exposed,
+                    server=name,
+                    namespace=upstream.namespace,
+                    upstream_name=upstream_name,
+                    definition=MappingProxyType({**tool, "name": exposed}),
+                )
+            )
+        if skipped:
+            logger.warning("upstream %s: tools left out, names break the client rule: %s", name, skipped)
+        async with self._refresh_lock:
+            self._tools_by_server[name] = entries
+            merged: dict[str, ToolEntry] = {}
+            for server_entries in self._tools_by_server.values():
+                for entry in server_entries:
+                    merged[entry.exposed_name] = entry
+            self._catalog = MappingProxyType(merged)
+            self.skipped_tools = [s for s in self.skipped_tools if not s.startswith(upstream.namespace)] + skipped
+
+    async def _list_changed(self, server: str) -> None:
+        await self.refresh_server(server)
+        if self._on_namespace_changed is not None:
+            await self._on_namespace_changed(self.upstreams[server].namespace)
+
+    def health(self) -> list[UpstreamHealth]:
+        return [upstream.health() for upstream in self.upstreams.values()]
+
+    def tools_of(self, server: str) -> list[ToolEntry]:
+        return list(self._tools_by_server.get(server, []))

@@ -1,0 +1,389 @@
+"""A stdio upstream: a process Bastion launches, supervises and stops (DESIGN section 2 step 7).
+
+One process per configured server, one MCP session on its pipes, shared by
+every client behind the gateway; isolation is kept by the gateway, not by the
+process: JSON-RPC ids are minted here, progress tokens are minted per request
+(``upstream/relay.py``), and a response is matched only to the request that
+asked. A server-to-client request (sampling, elicitation, roots) carries no
+wire link to the call that caused it, so it is relayed only when exactly one
+client call is in flight on this process; otherwise it is refused to the
+upstream (fail closed: never guess which client to ask).
+
+The process is restarted with exponential backoff when it dies; every request
+in flight at that moment fails with ``OutcomeUnknown`` (it was sent). It is
+terminated, then killed, on shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.text import TextReceiveStream
+
+from bastion import __version__
+from bastion.errors import OutcomeUnknown, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from bastion.policy.snapshot import ServerSpec
+from bastion.upstream.base import (
+    CallContext,
+    ClientDeclined,
+    ListChangedCallback,
+    UpstreamEra,
+    UpstreamHealth,
+    UpstreamReplied,
+)
+from bastion.upstream.relay import RequestRelay
+from bastion.versions import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION
+
+__all__ = ["StdioUpstream"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_LINE = 16 * 1024 * 1024
+# Capabilities declared to a shared stdio process. Each relayed request is still
+# checked against the capabilities of the one client it would reach.
+_DECLARED_CAPABILITIES = {"sampling": {}, "elicitation": {}, "roots": {"listChanged": True}}
+
+
+@dataclass
+class _Pending:
+    relay: RequestRelay
+    capabilities: Mapping[str, Any]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    reply: dict[str, Any] | None = None
+    lost: bool = False
+
+
+class StdioUpstream:
+    """A supervised stdio MCP server process."""
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        *,
+        on_list_changed: ListChangedCallback | None = None,
+        restart_backoff_s: tuple[float, float] = (0.1, 5.0),
+        on_process_event: Any = None,
+    ) -> None:
+        assert spec.command is not None
+        self.spec = spec
+        self.name = spec.name
+        self.namespace = spec.namespace
+        self.era = UpstreamEra.SESSION
+        self._on_list_changed = on_list_changed
+        self._backoff = restart_backoff_s
+        self._on_process_event = on_process_event
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._process: anyio.abc.Process | None = None
+        self._ready = anyio.Event()
+        self._write_lock = anyio.Lock()
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._supervision = anyio.CancelScope()
+        self._detail: str | None = "not started"
+        self._tools = 0
+        self.restarts = 0
+        self.pid: int | None = None
+        self._closing = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        self._task_group = task_group
+        task_group.start_soon(self._supervise)
+        with anyio.move_on_after(self.spec.timeout_s or 30.0):
+            await self._ready.wait()
+        if not self._ready.is_set():
+            logger.warning("upstream %s not ready at start: %s", self.name, self._detail)
+
+    async def aclose(self) -> None:
+        self._closing = True
+        self._supervision.cancel()
+        await self._stop_process()
+
+    def health(self) -> UpstreamHealth:
+        return UpstreamHealth(
+            name=self.name,
+            namespace=self.namespace,
+            kind="stdio",
+            era=self.era.value,
+            connected=self._ready.is_set(),
+            tools=self._tools,
+            detail=self._detail,
+        )
+
+    async def _supervise(self) -> None:
+        with self._supervision:
+            await self._supervise_forever()
+
+    async def _supervise_forever(self) -> None:
+        delay = self._backoff[0]
+        while not self._closing:
+            try:
+                await self._run_once()
+                delay = self._backoff[0]
+            except Exception as exc:
+                self._detail = f"{type(exc).__name__}: {exc}"
+                logger.warning("upstream %s failed: %s", self.name, self._detail)
+            if self._closing:
+                return
+            self.restarts += 1
+            await anyio.sleep(delay)
+            delay = min(delay * 2, self._backoff[1])
+
+    async def _run_once(self) -> None:
+        env = {**os.environ, **dict(self.spec.env)}
+        process = await anyio.open_process(
+            [self.spec.command or "", *self.spec.args],
+            env=env,
+            cwd=self.spec.cwd,
+            start_new_session=True,
+        )
+        self._process = process
+        self.pid = process.pid
+        if self._on_process_event is not None:
+            self._on_process_event("started", self)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._drain_stderr, process)
+                tg.start_soon(self._read_loop, process, tg.cancel_scope)
+                await self._handshake()
+                self._ready.set()
+                self._detail = None
+                await process.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            self._ready = anyio.Event()
+            self._detail = f"process exited with status {process.returncode}"
+            self._fail_pending()
+            self._process = None
+            await self._stop_process(process)
+            if self._on_process_event is not None:
+                self._on_process_event("exited", self)
+
+    async def _handshake(self) -> None:
+        with anyio.fail_after(self.spec.timeout_s or 30.0):
+            result = await self._request_raw(
+                "initialize",
+                {
+                    "protocolVersion": LATEST_HANDSHAKE_VERSION,
+                    "capabilities": _DECLARED_CAPABILITIES,
+                    "clientInfo": {"name": "bastion", "version": __version__},
+                },
+                RequestRelay(None, None),
+                {},
+            )
+            if result.get("protocolVersion") not in HANDSHAKE_VERSIONS:
+                raise UpstreamProtocolError(f"upstream {self.name} negotiated {result.get('protocolVersion')!r}")
+            await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def _fail_pending(self) -> None:
+        for pending in self._pending.values():
+            pending.lost = True
+            pending.done.set()
+        self._pending.clear()
+
+    async def _stop_process(self, process: anyio.abc.Process | None = None) -> None:
+        process = process or self._process
+        if process is None or process.returncode is not None:
+            return
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(ProcessLookupError, OSError):
+                os.killpg(process.pid, signal.SIGTERM)
+            with anyio.move_on_after(2):
+                await process.wait()
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                with anyio.move_on_after(2):
+                    await process.wait()
+
+    async def _drain_stderr(self, process: anyio.abc.Process) -> None:
+        assert process.stderr is not None
+        async for chunk in TextReceiveStream(process.stderr, errors="replace"):
+            for line in chunk.splitlines():
+                if line.strip():
+                    logger.debug("upstream %s stderr: %s", self.name, line[:500])
+
+    async def _read_loop(self, process: anyio.abc.Process, scope: anyio.CancelScope) -> None:
+        assert process.stdout is not None
+        buffer = b""
+        async for chunk in process.stdout:
+            buffer += chunk
+            if len(buffer) > _MAX_LINE:
+                logger.warning("upstream %s wrote an oversized line; restarting it", self.name)
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                return
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if line.strip():
+                    await self._on_line(line)
+
+    async def _on_line(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            logger.warning("upstream %s wrote a line that is not JSON", self.name)
+            return
+        if not isinstance(message, dict):
+            return
+        method = message.get("method")
+        if isinstance(method, str):
+            params = message.get("params") if isinstance(message.get("params"), dict) else {}
+            if "id" in message:
+                assert self._task_group is not None
+                self._task_group.start_soon(self._answer_server_request, message["id"], method, params)
+            else:
+                await self._on_notification(method, params)
+            return
+        request_id = message.get("id")
+        pending = self._pending.get(request_id) if isinstance(request_id, int) else None
+        if pending is None:
+            logger.debug("upstream %s answered an unknown request id", self.name)
+            return
+        pending.reply = message
+        pending.done.set()
+
+    async def _on_notification(self, method: str, params: dict[str, Any]) -> None:
+        if method == "notifications/tools/list_changed":
+            if self._on_list_changed is not None:
+                await self._on_list_changed(self.name)
+            return
+        if method == "notifications/progress":
+            token = params.get("progressToken")
+            for pending in list(self._pending.values()):
+                if pending.relay.upstream_token is not None and pending.relay.upstream_token == token:
+                    await pending.relay.on_notification(method, params)
+                    return
+            return
+        if method == "notifications/message":
+            only = self._only_caller()
+            if only is not None:
+                await only.relay.on_notification(method, params)
+            return
+
+    def _only_caller(self) -> _Pending | None:
+        callers = [p for p in self._pending.values() if p.relay.relay is not None]
+        return callers[0] if len(callers) == 1 else None
+
+    async def _answer_server_request(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
+        reply: dict[str, Any]
+        if method == "ping":
+            reply = {"jsonrpc": "2.0", "id": request_id, "result": {}}
+        else:
+            capability = {
+                "sampling/createMessage": "sampling",
+                "elicitation/create": "elicitation",
+                "roots/list": "roots",
+            }.get(method)
+            only = self._only_caller()
+            if capability is None or only is None or capability not in only.capabilities:
+                reply = {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "error": {"code": -32601, "message": f"{method} cannot be relayed to a client"},
+                }
+            else:
+                try:
+                    result = await only.relay.on_request(method, params)
+                    reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
+                except ClientDeclined as exc:
+                    reply = {"jsonrpc": "2.0", "id": request_id, "error": exc.error}
+        with contextlib.suppress(UpstreamUnavailable):
+            await self._write(reply)
+
+    async def _write(self, message: dict[str, Any]) -> None:
+        process = self._process
+        if process is None or process.stdin is None or process.returncode is not None:
+            raise UpstreamUnavailable(f"upstream {self.name} is not running")
+        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        async with self._write_lock:
+            try:
+                await process.stdin.send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                raise UpstreamUnavailable(f"upstream {self.name} pipe closed") from exc
+
+    # ------------------------------------------------------------------ requests
+
+    async def _await_ready(self, timeout_s: float) -> None:
+        if self._ready.is_set():
+            return
+        with anyio.move_on_after(min(timeout_s, 10.0)):
+            await self._ready.wait()
+        if not self._ready.is_set():
+            raise UpstreamUnavailable(f"upstream {self.name} is not running: {self._detail}")
+
+    async def _request_raw(
+        self, method: str, params: dict[str, Any], relay: RequestRelay, capabilities: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        request_id = next(self._ids)
+        pending = _Pending(relay, capabilities)
+        self._pending[request_id] = pending
+        sent = False
+        try:
+            await self._write(
+                {"jsonrpc": "2.0", "id": request_id, "method": method, "params": relay.outbound_params(params)}
+            )
+            sent = True
+            await pending.done.wait()
+        finally:
+            self._pending.pop(request_id, None)
+            if sent and not pending.done.is_set():
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2), contextlib.suppress(UpstreamUnavailable):
+                    await self._write(
+                        {
+                            "jsonrpc": "2.0",
+                            "method": "notifications/cancelled",
+                            "params": {"requestId": request_id, "reason": "cancelled by the client"},
+                        }
+                    )
+        if pending.lost or pending.reply is None:
+            raise OutcomeUnknown(f"upstream {self.name} exited before answering")
+        reply = pending.reply
+        if isinstance(reply.get("error"), dict):
+            raise UpstreamReplied(reply["error"])
+        result = reply.get("result")
+        if not isinstance(result, dict):
+            raise UpstreamProtocolError(f"upstream {self.name} answered without a result object")
+        return result
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        timeout = self.spec.timeout_s or 30.0
+        await self._await_ready(timeout)
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        with anyio.fail_after(timeout):
+            for _ in range(100):
+                params: dict[str, Any] = {"cursor": cursor} if cursor else {}
+                result = await self._request_raw("tools/list", params, RequestRelay(None, None), {})
+                page = result.get("tools")
+                if not isinstance(page, list):
+                    raise UpstreamProtocolError(f"{self.name}: tools/list result has no tools array")
+                tools.extend(t for t in page if isinstance(t, dict))
+                cursor = result.get("nextCursor")
+                if not isinstance(cursor, str) or not cursor:
+                    break
+        self._tools = len(tools)
+        return tools
+
+    async def call(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
+        await self._await_ready(ctx.timeout_s)
+        relay = RequestRelay(ctx.relay, ctx.progress_token)
+        try:
+            with anyio.fail_after(ctx.timeout_s):
+                return await self._request_raw(method, params, relay, ctx.client_capabilities)
+        except TimeoutError as exc:
+            raise UpstreamTimeout(f"upstream {self.name} did not answer within {ctx.timeout_s:g}s") from exc
+
+    async def close_session(self, upstream_session: Any) -> None:
+        return None
