@@ -48,7 +48,7 @@ _GATEWAY_KEYS = frozenset(
         "max_transport_sessions",
     }
 )
-_HTTP_KEYS = frozenset({"url", "headers"})
+_HTTP_KEYS = frozenset({"url", "headers", "era"})
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd"})
 _SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s"}
 _AGENT_KEYS = frozenset({"token_sha256"})
@@ -164,6 +164,9 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
         url = ctx.string(table["url"], f"{key}.url")
         _check_url(ctx, url, f"{key}.url")
         headers = _read_headers(ctx, table.get("headers"), f"{key}.headers")
+        era = ctx.string(table["era"], f"{key}.era") if "era" in table else "auto"
+        if era not in ("auto", "session", "sessionless"):
+            raise ctx.error(f"{key}.era", "must be one of auto, session, sessionless")
         return ctx.build(
             ServerSpec,
             name=name,
@@ -171,6 +174,7 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
             kind=UpstreamKind.HTTP,
             url=url,
             headers=headers,
+            era=era,
             timeout_s=timeout_s,
         )
     stray = [other for other in sorted(_HTTP_KEYS) if other in table]

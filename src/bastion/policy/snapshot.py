@@ -19,12 +19,12 @@ from bastion.errors import ConfigError
 from bastion.ids import AgentId
 
 __all__ = [
+    "TOOL_NAME_RULE",
     "AgentSpec",
     "GatewaySettings",
     "ServerSpec",
     "Snapshot",
     "UpstreamKind",
-    "TOOL_NAME_RULE",
 ]
 
 # The strictest rule that common clients apply to tool names.
@@ -75,6 +75,9 @@ class ServerSpec:
     kind: UpstreamKind
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=lambda: _frozen_map(None))
+    # http only: "auto" negotiates (server/discover, else initialize); "session" or
+    # "sessionless" pins the era for upstreams that answer both.
+    era: str = "auto"
     command: str | None = None
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=lambda: _frozen_map(None))
@@ -91,6 +94,8 @@ class ServerSpec:
             raise ConfigError(f"servers.{self.name}: an http server needs url")
         if self.kind is UpstreamKind.STDIO and not self.command:
             raise ConfigError(f"servers.{self.name}: a stdio server needs command")
+        if self.era not in ("auto", "session", "sessionless"):
+            raise ConfigError(f"servers.{self.name}.era must be auto, session or sessionless")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ConfigError(f"servers.{self.name}.timeout_s must be positive")
 
@@ -129,7 +134,8 @@ class Snapshot:
                 )
             if spec.namespace in seen:
                 raise ConfigError(
-                    f"servers.{spec.name}.namespace {spec.namespace!r} is already used by servers.{seen[spec.namespace]}"
+                    f"servers.{spec.name}.namespace {spec.namespace!r} "
+                    f"is already used by servers.{seen[spec.namespace]}"
                 )
             seen[spec.namespace] = spec.name
         hashes = [a.token_sha256 for a in self.agents]

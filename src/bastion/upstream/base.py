@@ -30,12 +30,12 @@ __all__ = [
     "CallContext",
     "CallRelay",
     "ClientDeclined",
+    "ListChangedCallback",
     "Upstream",
     "UpstreamEra",
     "UpstreamHealth",
     "UpstreamReplied",
     "UpstreamSessions",
-    "ListChangedCallback",
 ]
 
 
@@ -45,7 +45,7 @@ class UpstreamEra(enum.StrEnum):
     SESSIONLESS = "sessionless"  # server/discover, independent requests (2026-07-28)
 
 
-class UpstreamReplied(Exception):  # noqa: N818 - it is a reply, not a failure of ours
+class UpstreamReplied(Exception):
     """The upstream answered the request with a JSON-RPC error object; relayed verbatim."""
 
     def __init__(self, error: Mapping[str, Any]) -> None:
@@ -53,7 +53,7 @@ class UpstreamReplied(Exception):  # noqa: N818 - it is a reply, not a failure o
         super().__init__(str(self.error.get("message", "upstream error")))
 
 
-class ClientDeclined(Exception):  # noqa: N818
+class ClientDeclined(Exception):
     """The client answered a relayed server-to-client request with an error (or cannot take it)."""
 
     def __init__(self, error: Mapping[str, Any]) -> None:

@@ -138,7 +138,9 @@ class UpstreamFleet:
                 for entry in server_entries:
                     merged[entry.exposed_name] = entry
             self._catalog = MappingProxyType(merged)
-            self.skipped_tools = [s for s in self.skipped_tools if not s.startswith(upstream.namespace)] + skipped
+            self.skipped_tools = [
+                s for s in self.skipped_tools if not s.startswith(upstream.namespace)
+            ] + skipped
 
     async def _list_changed(self, server: str) -> None:
         await self.refresh_server(server)

@@ -183,7 +183,9 @@ class StdioUpstream:
                 {},
             )
             if result.get("protocolVersion") not in HANDSHAKE_VERSIONS:
-                raise UpstreamProtocolError(f"upstream {self.name} negotiated {result.get('protocolVersion')!r}")
+                raise UpstreamProtocolError(
+                    f"upstream {self.name} negotiated {result.get('protocolVersion')!r}"
+                )
             await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
     def _fail_pending(self) -> None:
@@ -239,7 +241,8 @@ class StdioUpstream:
             return
         method = message.get("method")
         if isinstance(method, str):
-            params = message.get("params") if isinstance(message.get("params"), dict) else {}
+            raw_params = message.get("params")
+            params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
             if "id" in message:
                 assert self._task_group is not None
                 self._task_group.start_soon(self._answer_server_request, message["id"], method, params)
@@ -332,14 +335,23 @@ class StdioUpstream:
         sent = False
         try:
             await self._write(
-                {"jsonrpc": "2.0", "id": request_id, "method": method, "params": relay.outbound_params(params)}
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "method": method,
+                    "params": relay.outbound_params(params),
+                }
             )
             sent = True
             await pending.done.wait()
         finally:
             self._pending.pop(request_id, None)
             if sent and not pending.done.is_set():
-                with anyio.CancelScope(shield=True), anyio.move_on_after(2), contextlib.suppress(UpstreamUnavailable):
+                with (
+                    anyio.CancelScope(shield=True),
+                    anyio.move_on_after(2),
+                    contextlib.suppress(UpstreamUnavailable),
+                ):
                     await self._write(
                         {
                             "jsonrpc": "2.0",

@@ -44,7 +44,6 @@ from bastion.upstream.base import (
     UpstreamEra,
     UpstreamHealth,
     UpstreamReplied,
-    UpstreamSessions,
 )
 from bastion.upstream.relay import RequestRelay
 from bastion.upstream.sse import iter_sse_messages
@@ -66,7 +65,7 @@ _GATEWAY_INFO = {"name": "bastion", "version": __version__}
 _SEND_FAILURES = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
-class _SessionGone(Exception):  # noqa: N818
+class _SessionGone(Exception):
     """The upstream answered 404 to an upstream session id: re-initialize."""
 
 
@@ -136,6 +135,12 @@ class HttpUpstream:
 
     async def _negotiate(self) -> None:
         with anyio.fail_after(self._timeout()):
+            if self.spec.era == "session":
+                await self._become_session_era()
+                return
+            if self.spec.era == "sessionless":
+                self.era = UpstreamEra.SESSIONLESS
+                return
             try:
                 result = await self._modern_request("server/discover", {}, None, {})
             except (UpstreamReplied, UpstreamProtocolError):
@@ -143,10 +148,13 @@ class HttpUpstream:
             if result is not None and MODERN_VERSION in (result.get("supportedVersions") or []):
                 self.era = UpstreamEra.SESSIONLESS
                 return
-            self.era = UpstreamEra.SESSION
-            self._catalog = await self._open_session({})
-            if self._on_list_changed is not None and self._task_group is not None:
-                self._task_group.start_soon(self._watch_catalog, self._catalog)
+            await self._become_session_era()
+
+    async def _become_session_era(self) -> None:
+        self._catalog = await self._open_session({})
+        self.era = UpstreamEra.SESSION
+        if self._on_list_changed is not None and self._task_group is not None:
+            self._task_group.start_soon(self._watch_catalog, self._catalog)
 
     def health(self) -> UpstreamHealth:
         return UpstreamHealth(
@@ -212,7 +220,9 @@ class HttpUpstream:
 
     # ------------------------------------------------------------------ session era
 
-    async def _session_call_catalog(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
+    async def _session_call_catalog(
+        self, method: str, params: dict[str, Any], ctx: CallContext
+    ) -> dict[str, Any]:
         for attempt in range(2):
             if self._catalog is None:
                 self._catalog = await self._open_session({})
@@ -287,7 +297,11 @@ class HttpUpstream:
         return upstream_session
 
     def _session_headers(self, upstream_session: HttpUpstreamSession) -> dict[str, str]:
-        headers = {**self._headers, "accept": _ACCEPT, "mcp-protocol-version": upstream_session.protocol_version}
+        headers = {
+            **self._headers,
+            "accept": _ACCEPT,
+            "mcp-protocol-version": upstream_session.protocol_version,
+        }
         if upstream_session.session_id is not None:
             headers["mcp-session-id"] = upstream_session.session_id
         return headers
@@ -421,7 +435,14 @@ class HttpUpstream:
                     method = message["method"]
                     params = message.get("params") or {}
                     if "id" in message:
-                        tg.start_soon(self._answer_server_request, message["id"], method, params, relay, upstream_session)
+                        tg.start_soon(
+                            self._answer_server_request,
+                            message["id"],
+                            method,
+                            params,
+                            relay,
+                            upstream_session,
+                        )
                     elif isinstance(method, str) and isinstance(params, dict):
                         await self._on_stream_notification(method, params, relay)
                     continue
@@ -465,7 +486,9 @@ class HttpUpstream:
 
     def _final(self, message: Any, request_id: int, status: int) -> dict[str, Any]:
         if not isinstance(message, dict) or message.get("id") != request_id:
-            raise UpstreamProtocolError(f"upstream {self.name} answered a different request", may_have_acted=True)
+            raise UpstreamProtocolError(
+                f"upstream {self.name} answered a different request", may_have_acted=True
+            )
         if "error" in message and isinstance(message["error"], dict):
             raise UpstreamReplied(message["error"])
         result = message.get("result")
@@ -483,14 +506,19 @@ class HttpUpstream:
         while True:
             try:
                 async with self._client.stream(
-                    "GET", self.url, headers={**self._session_headers(catalog), "accept": "text/event-stream"},
+                    "GET",
+                    self.url,
+                    headers={**self._session_headers(catalog), "accept": "text/event-stream"},
                     timeout=httpx.Timeout(None, connect=5.0),
                 ) as response:
                     if response.status_code != 200:
                         return
                     backoff = 0.5
                     async for message in iter_sse_messages(response.aiter_lines()):
-                        if message.get("method") == "notifications/tools/list_changed" and self._on_list_changed:
+                        if (
+                            message.get("method") == "notifications/tools/list_changed"
+                            and self._on_list_changed
+                        ):
                             await self._on_list_changed(self.name)
             except (httpx.HTTPError, UpstreamProtocolError):
                 pass
