@@ -99,9 +99,7 @@ class SessionRegistry:
         """Sessions idle past the timeout, removed from the registry (the caller closes them)."""
         now = self._clock()
         gone = [
-            s
-            for s in self._sessions.values()
-            if now - s.last_seen > self._idle_timeout_s and not s.in_flight
+            s for s in self._sessions.values() if now - s.last_seen > self._idle_timeout_s and not s.in_flight
         ]
         for transport_session in gone:
             self.remove(transport_session)

@@ -46,7 +46,11 @@ class PendingClientRequest:
 
 
 class ServerStream:
-    """The GET stream of one session: numbered events, a bounded replay buffer, one reader at a time."""
+    """The GET stream of one session: numbered events, a bounded replay buffer, one reader at a time.
+
+    A new GET replaces the previous reader (a client reconnecting after a drop
+    must not be locked out by its own half-dead stream).
+    """
 
     def __init__(self, capacity: int = 256) -> None:
         # Event ids are "<nonce>-<n>": a Last-Event-ID from another stream names nothing here.
@@ -55,15 +59,27 @@ class ServerStream:
         self._last = 0
         self._seq = itertools.count(1)
         self._changed = anyio.Event()
-        self.attached = False
+        self._reader = 0
+
+    def attach(self) -> int:
+        """Make a new reader the only one; an older reader sees :meth:`is_current` turn false."""
+        self._reader += 1
+        self._wake()
+        return self._reader
+
+    def is_current(self, reader: int) -> bool:
+        return reader == self._reader
 
     def publish(self, payload: bytes) -> int:
         event_id = next(self._seq)
         self._last = event_id
         self._events.append((event_id, payload))
+        self._wake()
+        return event_id
+
+    def _wake(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
-        return event_id
 
     def last_id(self) -> int:
         return self._last
@@ -75,7 +91,8 @@ class ServerStream:
         await self._changed.wait()
 
     def close(self) -> None:
-        self._changed.set()
+        self._reader += 1
+        self._wake()
 
 
 @dataclass(eq=False)

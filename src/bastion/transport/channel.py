@@ -52,9 +52,13 @@ class ResponseChannel:
                 return False
             try:
                 if not self.committed_sse:
-                    await self._send({"type": "http.response.start", "status": 200, "headers": self._sse_headers()})
+                    await self._send(
+                        {"type": "http.response.start", "status": 200, "headers": self._sse_headers()}
+                    )
                     self.committed_sse = True
-                await self._send({"type": "http.response.body", "body": sse_frame(dumps(message)), "more_body": True})
+                await self._send(
+                    {"type": "http.response.body", "body": sse_frame(dumps(message)), "more_body": True}
+                )
             except OSError:
                 self.broken = True
                 return False
@@ -69,10 +73,17 @@ class ResponseChannel:
             body = dumps(message)
             try:
                 if self.committed_sse:
-                    await self._send({"type": "http.response.body", "body": sse_frame(body), "more_body": False})
+                    await self._send(
+                        {"type": "http.response.body", "body": sse_frame(body), "more_body": False}
+                    )
                     return
-                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-                await self._send({"type": "http.response.start", "status": status, "headers": headers + self._headers})
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ]
+                await self._send(
+                    {"type": "http.response.start", "status": status, "headers": headers + self._headers}
+                )
                 await self._send({"type": "http.response.body", "body": body, "more_body": False})
             except OSError:
                 self.broken = True
@@ -87,7 +98,9 @@ class ResponseChannel:
                 if not self.committed_sse:
                     # Nothing was sent yet: an empty event stream ends the exchange without a
                     # response for the cancelled request (the client no longer wants one).
-                    await self._send({"type": "http.response.start", "status": 200, "headers": self._sse_headers()})
+                    await self._send(
+                        {"type": "http.response.start", "status": 200, "headers": self._sse_headers()}
+                    )
                 await self._send({"type": "http.response.body", "body": b"", "more_body": False})
             except OSError:
                 self.broken = True

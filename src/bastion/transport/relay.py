@@ -49,7 +49,9 @@ class StreamRelay:
         pending = PendingClientRequest()
         transport_session.client_requests[relay_id] = pending
         try:
-            sent = await self._channel.message({"jsonrpc": "2.0", "id": relay_id, "method": method, "params": params})
+            sent = await self._channel.message(
+                {"jsonrpc": "2.0", "id": relay_id, "method": method, "params": params}
+            )
             if not sent:
                 raise ClientDeclined({"code": -32603, "message": "the client's request stream is closed"})
             with anyio.move_on_after(_CLIENT_ANSWER_TIMEOUT_S):

@@ -42,7 +42,6 @@ from bastion.errors import (
     ProtocolVersionMismatch,
     RequestRejected,
     SessionIdMissing,
-    StreamConflict,
     TooManySessions,
     UnsupportedMediaType,
     UnsupportedProtocolVersion,
@@ -66,7 +65,12 @@ from bastion.transport.jsonrpc import (
 )
 from bastion.transport.relay import StreamRelay
 from bastion.upstream.base import UpstreamReplied
-from bastion.versions import DEFAULT_HANDSHAKE_VERSION, HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION, MODERN_VERSIONS
+from bastion.versions import (
+    DEFAULT_HANDSHAKE_VERSION,
+    HANDSHAKE_VERSIONS,
+    LATEST_HANDSHAKE_VERSION,
+    MODERN_VERSIONS,
+)
 
 __all__ = ["FrontDoor"]
 
@@ -163,7 +167,9 @@ class FrontDoor:
         if isinstance(message, Response):
             pending = transport_session.client_requests.get(str(message.id))
             if pending is not None:
-                pending.reply = {"result": message.result} if message.error is None else {"error": message.error}
+                pending.reply = (
+                    {"result": message.result} if message.error is None else {"error": message.error}
+                )
                 pending.done.set()
             await _accepted(send)
             return
@@ -195,7 +201,9 @@ class FrontDoor:
             return
         if isinstance(message, Response):
             raise InvalidRequest("Invalid Request: the sessionless era has no back channel to answer")
-        verdict = classify_inbound_request(decoded, headers=dict(headers.items()), supported_modern_versions=MODERN_VERSIONS)
+        verdict = classify_inbound_request(
+            decoded, headers=dict(headers.items()), supported_modern_versions=MODERN_VERSIONS
+        )
         if not hasattr(verdict, "protocol_version"):
             code = getattr(verdict, "code", -32600)
             error: BastionError
@@ -242,8 +250,12 @@ class FrontDoor:
         async with anyio.create_task_group() as tg:
             with anyio.CancelScope() as call_scope:
                 if transport_session is not None:
-                    transport_session.in_flight[request.id] = InFlightCall(request.id, request.method, call_scope)
-                tg.start_soon(_watch_disconnect, receive, call_scope if cancel_on_disconnect else None, tg.cancel_scope)
+                    transport_session.in_flight[request.id] = InFlightCall(
+                        request.id, request.method, call_scope
+                    )
+                tg.start_soon(
+                    _watch_disconnect, receive, call_scope if cancel_on_disconnect else None, tg.cancel_scope
+                )
                 try:
                     reply, status = await self._dispatch(caller, request, sessionless)
                     await channel.finish(reply, status)
@@ -254,7 +266,9 @@ class FrontDoor:
                 await channel.end_empty()
             tg.cancel_scope.cancel()
 
-    async def _dispatch(self, caller: Caller, request: Request, sessionless: bool) -> tuple[dict[str, Any], int]:
+    async def _dispatch(
+        self, caller: Caller, request: Request, sessionless: bool
+    ) -> tuple[dict[str, Any], int]:
         try:
             result = await self._router.dispatch(caller, request.method, request.params)
         except BastionError as exc:
@@ -289,8 +303,14 @@ class FrontDoor:
         requested = params.get("protocolVersion")
         capabilities = params.get("capabilities", {})
         client_info = params.get("clientInfo", {})
-        if not isinstance(requested, str) or not isinstance(capabilities, dict) or not isinstance(client_info, dict):
-            error = InvalidParams("Invalid params: initialize needs protocolVersion, capabilities and clientInfo")
+        if (
+            not isinstance(requested, str)
+            or not isinstance(capabilities, dict)
+            or not isinstance(client_info, dict)
+        ):
+            error = InvalidParams(
+                "Invalid params: initialize needs protocolVersion, capabilities and clientInfo"
+            )
             await _reject(send, error, request.id, status=400)
             return
         if self._registry.at_capacity():
@@ -315,12 +335,10 @@ class FrontDoor:
         if version_header != transport_session.protocol_version:
             raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
         stream = transport_session.server_stream
-        if stream.attached:
-            raise StreamConflict()
         prefix, last_seen = _parse_last_event_id(headers.get("last-event-id"))
         if prefix != stream_prefix(transport_session):
             last_seen = None  # an id from another stream resumes nothing here
-        stream.attached = True
+        reader = stream.attach()
         try:
             await send(
                 {
@@ -336,7 +354,7 @@ class FrontDoor:
             cursor = last_seen if last_seen is not None else stream.last_id()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_watch_disconnect, receive, None, tg.cancel_scope)
-                while not transport_session.terminated:
+                while not transport_session.terminated and stream.is_current(reader):
                     for event_id, payload in stream.after(cursor):
                         frame = sse_frame(payload, None)
                         frame = f"id: {stream_prefix(transport_session)}-{event_id}\n".encode() + frame
@@ -345,13 +363,13 @@ class FrontDoor:
                     with anyio.move_on_after(_KEEPALIVE_S) as keepalive:
                         await stream.wait_changed()
                     if keepalive.cancelled_caught:
-                        await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
+                        await send(
+                            {"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True}
+                        )
                 tg.cancel_scope.cancel()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             pass
-        finally:
-            stream.attached = False
 
 
 def stream_prefix(transport_session: TransportSession) -> str:
@@ -369,7 +387,9 @@ def _parse_last_event_id(value: str | None) -> tuple[str | None, int | None]:
         return None, None
 
 
-async def _watch_disconnect(receive: Receive, call_scope: anyio.CancelScope | None, own: anyio.CancelScope) -> None:
+async def _watch_disconnect(
+    receive: Receive, call_scope: anyio.CancelScope | None, own: anyio.CancelScope
+) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -406,7 +426,9 @@ async def _accepted(send: Send) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _reject(send: Send, error: BastionError, request_id: RequestId | None, *, status: int | None = None) -> None:
+async def _reject(
+    send: Send, error: BastionError, request_id: RequestId | None, *, status: int | None = None
+) -> None:
     body = dumps(error_message(request_id, error))
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if error.http_status == 401:
@@ -415,5 +437,3 @@ async def _reject(send: Send, error: BastionError, request_id: RequestId | None,
         headers.append((b"allow", b"GET, POST, DELETE"))
     await send({"type": "http.response.start", "status": status or error.http_status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
