@@ -1,0 +1,101 @@
+"""A small stdio MCP server for tests and demos: ``python -m bastion.examples.notes_server``.
+
+Serves both protocol eras over stdio (the SDK's loop picks the era from the
+first message): the shared tools of ``common_tools.py`` plus ``add_note``,
+``list_notes`` and ``roots``. Notes are kept as JSON lines in the file named by
+``BASTION_NOTES_FILE``; the counter in the file named by
+``BASTION_COUNTER_FILE``. Both default to per-user files in the temp directory.
+
+A stdio server owns stdout for the protocol: nothing here may print.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import ListRoots, MCPServer, Resolve
+from mcp_types import ListRootsResult, ToolAnnotations
+
+from bastion.examples.common_tools import READ_ONLY, add_common_tools
+from bastion.examples.counter import FileCounter, default_path
+
+__all__ = ["NOTES_FILE_ENV", "NoteFile", "build_server", "main"]
+
+NOTES_FILE_ENV = "BASTION_NOTES_FILE"
+
+
+@dataclass(frozen=True)
+class NoteFile:
+    """Notes as JSON lines, ``{"text": ...}`` each, appended under ``flock``."""
+
+    path: Path
+
+    @classmethod
+    def from_environment(cls) -> NoteFile:
+        """The file named by ``BASTION_NOTES_FILE``, or a per-user temp file."""
+        return cls(default_path(NOTES_FILE_ENV, "bastion-example-notes.jsonl"))
+
+    def add(self, text: str) -> int:
+        """Append a note and return the number of notes including it. Raises ``OSError``."""
+        line = json.dumps({"text": text}, ensure_ascii=False).encode() + b"\n"
+        with self.path.open("a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                handle.write(line)
+                handle.flush()
+                handle.seek(0)
+                return sum(1 for _ in handle)
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def read(self) -> list[str]:
+        """Every note's text, oldest first; empty when the file does not exist. Raises ``OSError``."""
+        try:
+            raw = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        return [str(json.loads(line)["text"]) for line in raw.splitlines() if line]
+
+
+def _ask_roots() -> ListRoots:
+    return ListRoots()
+
+
+def build_server(notes: NoteFile, counter: FileCounter) -> MCPServer[Any]:
+    """The notes server, keeping notes in ``notes`` and the side-effect count in ``counter``."""
+    server: MCPServer[Any] = MCPServer("bastion-example-notes", version="0.1.0", log_level="WARNING")
+    add_common_tools(server, counter)
+
+    @server.tool(
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False),
+        structured_output=False,
+    )
+    def add_note(text: str) -> int:
+        """Append a note; return how many notes there are now."""
+        return notes.add(text)
+
+    @server.tool(annotations=READ_ONLY, structured_output=False)
+    def list_notes() -> str:
+        """Every note, one per line, oldest first."""
+        return "\n".join(notes.read())
+
+    @server.tool(annotations=READ_ONLY, structured_output=False)
+    async def roots(listing: Annotated[ListRootsResult, Resolve(_ask_roots)]) -> str:
+        """The client's roots (roots/list), one URI per line."""
+        return "\n".join(str(root.uri) for root in listing.roots)
+
+    return server
+
+
+def main() -> None:
+    """Serve on stdin/stdout until the client closes stdin."""
+    server = build_server(NoteFile.from_environment(), FileCounter.from_environment())
+    server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()

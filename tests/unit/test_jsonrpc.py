@@ -1,0 +1,52 @@
+"""Parsing one JSON-RPC message: every malformed shape is a typed error."""
+
+from __future__ import annotations
+
+import pytest
+
+from bastion.errors import InvalidRequest, ParseError
+from bastion.transport.jsonrpc import Notification, Request, Response, decode_body, error_message, parse_message
+
+
+def test_request_notification_and_response_are_told_apart() -> None:
+    """A request has an id, a notification none, a response a result or an error."""
+    assert parse_message({"jsonrpc": "2.0", "id": 1, "method": "ping"}) == Request(1, "ping", {})
+    assert parse_message({"jsonrpc": "2.0", "method": "n", "params": None}) == Notification("n", {})
+    assert parse_message({"jsonrpc": "2.0", "id": "a", "result": {}}) == Response("a", {}, None)
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"[1,", b"\xff", b"1" * 5000])
+def test_non_json_is_a_parse_error(body: bytes) -> None:
+    """Bodies that are not JSON raise ParseError."""
+    with pytest.raises(ParseError):
+        decode_body(body)
+
+
+def test_deep_nesting_is_a_parse_error_not_a_crash() -> None:
+    """A pathologically nested body is refused as a parse error."""
+    with pytest.raises(ParseError):
+        decode_body(b"[" * 100_000 + b"]" * 100_000)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"jsonrpc": "2.0", "id": 1, "result": {}, "error": {}},
+        {"jsonrpc": "2.0", "id": 1, "result": []},
+        {"jsonrpc": "2.0", "id": 1.5, "method": "x"},
+        {"jsonrpc": "2.0", "id": 1, "method": ""},
+        {"id": 1, "method": "x"},
+    ],
+)
+def test_invalid_shapes(message: object) -> None:
+    """Shapes that are JSON but not JSON-RPC raise InvalidRequest."""
+    with pytest.raises(InvalidRequest):
+        parse_message(message)
+
+
+def test_error_rendering_carries_reason() -> None:
+    """A rendered error has the class's code, message and stable reason."""
+    rendered = error_message(None, InvalidRequest())
+    assert rendered["id"] is None
+    assert rendered["error"]["code"] == -32600
+    assert rendered["error"]["data"] == {"reason": "invalid_request"}
