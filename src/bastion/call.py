@@ -78,17 +78,24 @@ class ToolCallPath:
             relay=caller.relay,
             client_capabilities=caller.client_capabilities,
             progress_token=_progress_token(params),
-            upstream_sessions=caller.transport_session.upstream_sessions if caller.transport_session else None,
+            upstream_sessions=caller.transport_session.upstream_sessions
+            if caller.transport_session
+            else None,
             timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
             log_level=caller.log_level,
+            client_answers_requests=caller.transport_session is not None,
         )
         result = await self._fleet.upstreams[entry.server].call("tools/call", upstream_params, ctx)
         # (8) Outcome: the durable terminal record and the audit entry arrive with issue #3.
         return result
 
     @staticmethod
-    def _upstream_params(entry: ToolEntry, params: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
-        out = strip_reserved_meta({k: v for k, v in params.items() if k not in ("name", "arguments", "_cmcp")})
+    def _upstream_params(
+        entry: ToolEntry, params: dict[str, Any], arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        out = strip_reserved_meta(
+            {k: v for k, v in params.items() if k not in ("name", "arguments", "_cmcp")}
+        )
         out["name"] = entry.upstream_name
         out["arguments"] = arguments
         return out

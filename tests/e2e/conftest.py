@@ -106,11 +106,16 @@ class RunningGateway:
     tmp_path: Path
 
     @contextlib.asynccontextmanager
-    async def client(self, agent: str = "alice", *, mode: str = "legacy", **kwargs: Any) -> AsyncIterator[Client]:
+    async def client(
+        self, agent: str = "alice", *, mode: str = "legacy", **kwargs: Any
+    ) -> AsyncIterator[Client]:
         """The official SDK client, authenticated as ``agent``."""
-        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKENS[agent]}"}, timeout=30) as http:
-            async with Client(streamable_http_client(self.url, http_client=http), mode=mode, **kwargs) as client:
-                yield client
+        async with httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {TOKENS[agent]}"}, timeout=30
+        ) as http, Client(
+            streamable_http_client(self.url, http_client=http), mode=mode, **kwargs
+        ) as client:
+            yield client
 
     def raw(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(timeout=30)
@@ -118,7 +123,9 @@ class RunningGateway:
 
 @pytest.fixture
 async def running_gateway(tmp_path: Path, tools_upstream: Upstream) -> AsyncIterator[RunningGateway]:
-    snapshot = snapshot_from_mapping(gateway_config(tmp_path, tools_upstream.url), source=None, version="test")
+    snapshot = snapshot_from_mapping(
+        gateway_config(tmp_path, tools_upstream.url), source=None, version="test"
+    )
     app = create_app(snapshot)
     async with serve_on_loopback(app) as url:
         yield RunningGateway(url, app.state.gateway, tmp_path)

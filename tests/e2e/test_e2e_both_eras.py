@@ -14,7 +14,9 @@ MODES = ["legacy", "auto"]
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_lists_the_namespaced_union_of_both_upstreams(running_gateway: RunningGateway, mode: str) -> None:
+async def test_lists_the_namespaced_union_of_both_upstreams(
+    running_gateway: RunningGateway, mode: str
+) -> None:
     """tools/list is the union of the stdio and HTTP upstreams, namespaced, annotations preserved."""
     async with running_gateway.client(mode=mode) as client:
         expected_version = "2025-11-25" if mode == "legacy" else "2026-07-28"
@@ -31,7 +33,9 @@ async def test_lists_the_namespaced_union_of_both_upstreams(running_gateway: Run
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("namespace", ["notes", "tools"])
-async def test_calls_reach_the_right_upstream(running_gateway: RunningGateway, mode: str, namespace: str) -> None:
+async def test_calls_reach_the_right_upstream(
+    running_gateway: RunningGateway, mode: str, namespace: str
+) -> None:
     """A call routes by namespace and its result comes back intact."""
     async with running_gateway.client(mode=mode) as client:
         result = await client.call_tool(f"{namespace}__echo", {"text": f"hello {namespace}"})

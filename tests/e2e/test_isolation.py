@@ -51,7 +51,13 @@ async def post_sse(
 
 
 async def session_era_client(
-    http: httpx.AsyncClient, url: str, index: int, tool: str, steps: int, cancel: bool, outcomes: dict[int, Outcome]
+    http: httpx.AsyncClient,
+    url: str,
+    index: int,
+    tool: str,
+    steps: int,
+    cancel: bool,
+    outcomes: dict[int, Outcome],
 ) -> None:
     agent = "alice" if index % 2 else "bob"
     init = await http.post(url, headers=headers(agent), json=INIT)
@@ -76,7 +82,11 @@ async def session_era_client(
         outcome.echo = message["result"]["content"][0]["text"]
 
     seconds = 8.0 if cancel else 0.6  # a cancelled call must still be running when the cancel lands
-    slow = rpc("tools/call", {"name": tool, "arguments": {"seconds": seconds, "steps": steps}, "_meta": {"progressToken": "tok"}}, 7)
+    slow = rpc(
+        "tools/call",
+        {"name": tool, "arguments": {"seconds": seconds, "steps": steps}, "_meta": {"progressToken": "tok"}},
+        7,
+    )
     echo = rpc("tools/call", {"name": "tools__echo", "arguments": {"text": f"client-{index}"}}, 8)
     async with anyio.create_task_group() as tg:
         tg.start_soon(post_sse, http, url, session_headers, slow, on_slow)
@@ -88,9 +98,13 @@ async def session_era_client(
             assert response.status_code == 202
 
 
-async def sessionless_client(http: httpx.AsyncClient, url: str, index: int, steps: int, outcomes: dict[int, Outcome]) -> None:
+async def sessionless_client(
+    http: httpx.AsyncClient, url: str, index: int, steps: int, outcomes: dict[int, Outcome]
+) -> None:
     outcome = outcomes[index] = Outcome()
-    request_headers = headers("alice", **{"mcp-protocol-version": MODERN, "mcp-method": "tools/call", "mcp-name": "tools__slow"})
+    request_headers = headers(
+        "alice", **{"mcp-protocol-version": MODERN, "mcp-method": "tools/call", "mcp-name": "tools__slow"}
+    )
 
     async def on_message(message: dict[str, Any]) -> None:
         if message.get("method") == "notifications/progress":
@@ -101,7 +115,11 @@ async def sessionless_client(http: httpx.AsyncClient, url: str, index: int, step
 
     body = rpc(
         "tools/call",
-        {"name": "tools__slow", "arguments": {"seconds": 0.6, "steps": steps}, "_meta": {**MODERN_META, "progressToken": "tok"}},
+        {
+            "name": "tools__slow",
+            "arguments": {"seconds": 0.6, "steps": steps},
+            "_meta": {**MODERN_META, "progressToken": "tok"},
+        },
         7,
     )
     await post_sse(http, url, request_headers, body, on_message)
@@ -136,7 +154,9 @@ async def test_concurrent_clients_never_see_each_other(running_gateway: RunningG
         if cancel:
             assert outcome.result is None, index  # no response for a cancelled request
         else:
-            assert outcome.result is not None and outcome.result["result"]["content"][0]["text"] == "done", index
+            assert outcome.result is not None and outcome.result["result"]["content"][0]["text"] == "done", (
+                index
+            )
             assert len(outcome.progress) == steps
     for index, steps in modern_plan:
         outcome = outcomes[index]

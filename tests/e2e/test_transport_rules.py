@@ -21,17 +21,27 @@ MODERN_META = {
 
 
 def headers(agent: str = "alice", **extra: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {TOKENS[agent]}", "accept": ACCEPT, "content-type": "application/json", **extra}
+    return {
+        "authorization": f"Bearer {TOKENS[agent]}",
+        "accept": ACCEPT,
+        "content-type": "application/json",
+        **extra,
+    }
 
 
-def rpc(method: str, params: dict[str, Any] | None = None, request_id: int | str | None = 1) -> dict[str, Any]:
+def rpc(
+    method: str, params: dict[str, Any] | None = None, request_id: int | str | None = 1
+) -> dict[str, Any]:
     message: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params or {}}
     if request_id is not None:
         message["id"] = request_id
     return message
 
 
-INIT = rpc("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+INIT = rpc(
+    "initialize",
+    {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+)
 
 
 async def open_session(http: httpx.AsyncClient, url: str, agent: str = "alice") -> str:
@@ -85,9 +95,13 @@ async def test_unknown_and_foreign_session_ids_get_the_same_404(running_gateway:
     """An unknown id and another agent's id are answered identically: 404, no hint of which."""
     async with running_gateway.raw() as http:
         bobs = await open_session(http, running_gateway.url, agent="bob")
-        unknown = await http.post(running_gateway.url, headers=session_headers("x" * 32), json=rpc("tools/list"))
+        unknown = await http.post(
+            running_gateway.url, headers=session_headers("x" * 32), json=rpc("tools/list")
+        )
         foreign = await http.post(running_gateway.url, headers=session_headers(bobs), json=rpc("tools/list"))
-        still_bobs = await http.post(running_gateway.url, headers=session_headers(bobs, "bob"), json=rpc("tools/list"))
+        still_bobs = await http.post(
+            running_gateway.url, headers=session_headers(bobs, "bob"), json=rpc("tools/list")
+        )
     body_unknown = assert_error(unknown, 404, -32001, "session_not_found")
     body_foreign = assert_error(foreign, 404, -32001, "session_not_found")
     assert body_unknown == body_foreign
@@ -99,7 +113,9 @@ async def test_delete_terminates_then_404(running_gateway: RunningGateway) -> No
     async with running_gateway.raw() as http:
         session_id = await open_session(http, running_gateway.url)
         deleted = await http.delete(running_gateway.url, headers=session_headers(session_id))
-        after = await http.post(running_gateway.url, headers=session_headers(session_id), json=rpc("tools/list"))
+        after = await http.post(
+            running_gateway.url, headers=session_headers(session_id), json=rpc("tools/list")
+        )
         again = await http.delete(running_gateway.url, headers=session_headers(session_id))
     assert deleted.status_code == 200
     assert_error(after, 404, -32001, "session_not_found")
@@ -111,13 +127,17 @@ async def test_protocol_version_must_match_the_negotiated_one(running_gateway: R
     async with running_gateway.raw() as http:
         session_id = await open_session(http, running_gateway.url)
         other = await http.post(
-            running_gateway.url, headers=session_headers(session_id, version="2025-11-25"), json=rpc("tools/list")
+            running_gateway.url,
+            headers=session_headers(session_id, version="2025-11-25"),
+            json=rpc("tools/list"),
         )
         missing_headers = session_headers(session_id)
         del missing_headers["mcp-protocol-version"]
         missing = await http.post(running_gateway.url, headers=missing_headers, json=rpc("tools/list"))
         unsupported = await http.post(
-            running_gateway.url, headers=session_headers(session_id, version="1999-01-01"), json=rpc("tools/list")
+            running_gateway.url,
+            headers=session_headers(session_id, version="1999-01-01"),
+            json=rpc("tools/list"),
         )
         ok = await http.post(running_gateway.url, headers=session_headers(session_id), json=rpc("tools/list"))
     assert_error(other, 400, -32600, "protocol_version_mismatch")
@@ -137,7 +157,9 @@ async def test_initialize_counter_offers_for_an_unknown_version(running_gateway:
 async def test_bad_origin_is_403(running_gateway: RunningGateway) -> None:
     """A browser Origin that is not allowed is refused before anything else."""
     async with running_gateway.raw() as http:
-        response = await http.post(running_gateway.url, headers=headers(origin="http://evil.example"), json=INIT)
+        response = await http.post(
+            running_gateway.url, headers=headers(origin="http://evil.example"), json=INIT
+        )
     assert_error(response, 403, -32600, "origin_forbidden")
 
 
@@ -172,7 +194,9 @@ async def test_token_in_query_string_is_refused(running_gateway: RunningGateway)
 async def test_malformed_json_is_parse_error(running_gateway: RunningGateway) -> None:
     """A body that is not JSON: -32700, HTTP 400, id null."""
     async with running_gateway.raw() as http:
-        response = await http.post(running_gateway.url, headers=headers(), content=b'{"jsonrpc": "2.0", "id": 1,')
+        response = await http.post(
+            running_gateway.url, headers=headers(), content=b'{"jsonrpc": "2.0", "id": 1,'
+        )
     body = assert_error(response, 400, -32700, "parse_error")
     assert body["id"] is None
 
@@ -194,7 +218,9 @@ async def test_malformed_json_is_parse_error(running_gateway: RunningGateway) ->
 async def test_invalid_jsonrpc_is_invalid_request(running_gateway: RunningGateway, payload: Any) -> None:
     """Well-formed JSON that is not one valid JSON-RPC message: -32600, HTTP 400."""
     async with running_gateway.raw() as http:
-        response = await http.post(running_gateway.url, headers=headers(), content=json.dumps(payload).encode())
+        response = await http.post(
+            running_gateway.url, headers=headers(), content=json.dumps(payload).encode()
+        )
     assert_error(response, 400, -32600, "invalid_request")
 
 
@@ -202,7 +228,9 @@ async def test_unknown_method_is_method_not_found(running_gateway: RunningGatewa
     """An unknown method inside a valid session: -32601."""
     async with running_gateway.raw() as http:
         session_id = await open_session(http, running_gateway.url)
-        response = await http.post(running_gateway.url, headers=session_headers(session_id), json=rpc("no/such"))
+        response = await http.post(
+            running_gateway.url, headers=session_headers(session_id), json=rpc("no/such")
+        )
     body = assert_error(response, 200, -32601, "method_not_found")
     assert body["id"] == 1
 
@@ -299,14 +327,18 @@ async def test_sessionless_header_and_meta_must_agree(running_gateway: RunningGa
     other_meta = {**MODERN_META, "io.modelcontextprotocol/protocolVersion": "2025-11-25"}
     async with running_gateway.raw() as http:
         version = await http.post(
-            running_gateway.url, headers=modern_headers("tools/list"), json=rpc("tools/list", {"_meta": other_meta})
+            running_gateway.url,
+            headers=modern_headers("tools/list"),
+            json=rpc("tools/list", {"_meta": other_meta}),
         )
         name = await http.post(
             running_gateway.url,
             headers=modern_headers("tools/call", "tools__other"),
             json=rpc("tools/call", {"name": "tools__echo", "arguments": {"text": "x"}, "_meta": MODERN_META}),
         )
-        no_meta = await http.post(running_gateway.url, headers=modern_headers("tools/list"), json=rpc("tools/list"))
+        no_meta = await http.post(
+            running_gateway.url, headers=modern_headers("tools/list"), json=rpc("tools/list")
+        )
     assert_error(version, 400, -32020, "header_mismatch")
     assert_error(name, 400, -32020, "header_mismatch")
     assert_error(no_meta, 400, -32602, "invalid_params")
@@ -338,7 +370,9 @@ async def test_sessionless_unknown_method_is_404(running_gateway: RunningGateway
     """In the sessionless era an unknown method maps to HTTP 404, as the 2026 wire asks."""
     async with running_gateway.raw() as http:
         response = await http.post(
-            running_gateway.url, headers=modern_headers("no/such"), json=rpc("no/such", {"_meta": MODERN_META})
+            running_gateway.url,
+            headers=modern_headers("no/such"),
+            json=rpc("no/such", {"_meta": MODERN_META}),
         )
     assert_error(response, 404, -32601, "method_not_found")
 
@@ -346,7 +380,9 @@ async def test_sessionless_unknown_method_is_404(running_gateway: RunningGateway
 # ---------------------------------------------------------------- GET stream
 
 
-async def test_get_stream_delivers_list_changed_and_resumes_by_event_id(running_gateway: RunningGateway) -> None:
+async def test_get_stream_delivers_list_changed_and_resumes_by_event_id(
+    running_gateway: RunningGateway,
+) -> None:
     """The GET stream carries events with ids; Last-Event-ID replays only later events of that stream."""
     import anyio
 

@@ -1,4 +1,4 @@
-"""Upstream faults injected at the boundary we own: processes that die, sessions that vanish, calls that hang."""
+"""Upstream faults injected at the boundary we own: dying processes, vanishing sessions, hanging calls."""
 
 from __future__ import annotations
 
@@ -48,8 +48,10 @@ async def test_stdio_upstream_dies_mid_call_and_is_restarted(running_gateway: Ru
 
 
 async def test_http_upstream_dies_mid_call(tmp_path: Path, fresh_tools_upstream: Upstream) -> None:
-    """An HTTP upstream process that dies mid-call: a typed error for that call; other namespaces keep working."""
-    snapshot = snapshot_from_mapping(gateway_config(tmp_path, fresh_tools_upstream.url), source=None, version="t")
+    """An HTTP upstream that dies mid-call: a typed error for that call; other namespaces keep working."""
+    snapshot = snapshot_from_mapping(
+        gateway_config(tmp_path, fresh_tools_upstream.url), source=None, version="t"
+    )
     app = create_app(snapshot)
     async with serve_on_loopback(app) as url:
         gateway = RunningGateway(url, app.state.gateway, tmp_path)
@@ -65,8 +67,10 @@ async def test_http_upstream_dies_mid_call(tmp_path: Path, fresh_tools_upstream:
     assert result.content[0].text == "stdio still fine"  # type: ignore[union-attr]
 
 
-async def test_session_era_upstream_404_reinitializes_transparently(tmp_path: Path, tools_upstream: Upstream) -> None:
-    """When the upstream forgets this client's upstream session, the gateway re-initializes and the call succeeds."""
+async def test_session_era_upstream_404_reinitializes_transparently(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
+    """When the upstream forgets a client's upstream session, the gateway re-initializes; the call succeeds."""
     config = gateway_config(tmp_path, tools_upstream.url, era="session")
     app = create_app(snapshot_from_mapping(config, source=None, version="t"))
     async with serve_on_loopback(app) as url:
@@ -84,7 +88,10 @@ async def test_session_era_upstream_404_reinitializes_transparently(tmp_path: Pa
             async with httpx.AsyncClient() as http:
                 dropped = await http.delete(
                     tools_upstream.url,
-                    headers={"mcp-session-id": before.session_id, "mcp-protocol-version": before.protocol_version},
+                    headers={
+                        "mcp-session-id": before.session_id,
+                        "mcp-protocol-version": before.protocol_version,
+                    },
                 )
             assert dropped.status_code in (200, 204)
             result = await client.call_tool("tools__echo", {"text": "two"})
@@ -96,7 +103,7 @@ async def test_session_era_upstream_404_reinitializes_transparently(tmp_path: Pa
 
 
 async def test_hanging_upstream_is_bounded_by_the_timeout(tmp_path: Path, tools_upstream: Upstream) -> None:
-    """A call that never returns ends with upstream_timeout after the configured bound; the gateway stays up."""
+    """A call that never returns ends with upstream_timeout at the configured bound; the gateway stays up."""
     config = gateway_config(tmp_path, tools_upstream.url, timeout_s=1.0)
     app = create_app(snapshot_from_mapping(config, source=None, version="t"))
     async with serve_on_loopback(app) as url:
@@ -110,7 +117,9 @@ async def test_hanging_upstream_is_bounded_by_the_timeout(tmp_path: Path, tools_
                 assert result.content[0].text == "alive"  # type: ignore[union-attr]
 
 
-async def test_session_delete_closes_only_its_upstream_sessions(tmp_path: Path, tools_upstream: Upstream) -> None:
+async def test_session_delete_closes_only_its_upstream_sessions(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
     """Ending one client session closes its upstream session and leaves another client's in use."""
     config = gateway_config(tmp_path, tools_upstream.url, era="session")
     app = create_app(snapshot_from_mapping(config, source=None, version="t"))
@@ -120,7 +129,9 @@ async def test_session_delete_closes_only_its_upstream_sessions(tmp_path: Path, 
             async with gateway.client() as alice:
                 await alice.call_tool("tools__echo", {"text": "a"})
                 await bob.call_tool("tools__echo", {"text": "b"})
-                alice_up = next(s for s in gateway.gateway.registry if s.agent == "alice").upstream_sessions.get("tools")
+                alice_up = next(
+                    s for s in gateway.gateway.registry if s.agent == "alice"
+                ).upstream_sessions.get("tools")
             # Alice's client has exited: DELETE sent, her upstream session is closed upstream.
             async with httpx.AsyncClient() as http:
                 gone = await http.post(

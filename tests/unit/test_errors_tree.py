@@ -50,6 +50,8 @@ def test_curated_public_names() -> None:
     """The package exports exactly its curated names, and errors exports every class it defines."""
     assert sorted(bastion.__all__) == ["BastionError", "Reason", "__version__"]
     defined = {
-        name for name, value in vars(errors).items() if isinstance(value, type) and issubclass(value, Exception)
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, Exception)
     }
     assert defined - {"Any", "ClassVar"} <= set(errors.__all__) | {"Exception"}

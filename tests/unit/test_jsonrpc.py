@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from bastion.errors import InvalidRequest, ParseError
-from bastion.transport.jsonrpc import Notification, Request, Response, decode_body, error_message, parse_message
+from bastion.transport.jsonrpc import (
+    Notification,
+    Request,
+    Response,
+    decode_body,
+    error_message,
+    parse_message,
+)
 
 
 def test_request_notification_and_response_are_told_apart() -> None:

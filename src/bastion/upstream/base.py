@@ -118,6 +118,10 @@ class CallContext:
     upstream_sessions: UpstreamSessions | None = None
     timeout_s: float = 60.0
     log_level: str | None = None
+    # True when the client can be asked mid-call (a session-era client): an upstream
+    # in the sessionless era that answers "input required" is then served by asking
+    # the client over the call's stream and retrying; otherwise the result passes through.
+    client_answers_requests: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -47,6 +47,7 @@ from bastion.upstream.base import (
 )
 from bastion.upstream.relay import RequestRelay
 from bastion.upstream.sse import iter_sse_messages
+from bastion.upstream.taskgroups import single_exception
 from bastion.versions import (
     CAPABILITIES_META_KEY,
     CLIENT_INFO_META_KEY,
@@ -62,6 +63,7 @@ logger = logging.getLogger(__name__)
 
 _ACCEPT = "application/json, text/event-stream"
 _GATEWAY_INFO = {"name": "bastion", "version": __version__}
+_MAX_INPUT_ROUNDS = 10
 _SEND_FAILURES = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
@@ -206,7 +208,7 @@ class HttpUpstream:
         try:
             with anyio.fail_after(ctx.timeout_s):
                 if self.era is UpstreamEra.SESSIONLESS:
-                    return await self._modern_request(method, params, relay, ctx.client_capabilities)
+                    return await self._modern_call(method, params, relay, ctx)
                 return await self._session_call(method, params, relay, ctx)
         except TimeoutError as exc:
             raise UpstreamTimeout(f"upstream {self.name} did not answer within {ctx.timeout_s:g}s") from exc
@@ -356,6 +358,30 @@ class HttpUpstream:
 
     # ------------------------------------------------------------------ sessionless era
 
+    async def _modern_call(
+        self, method: str, params: dict[str, Any], relay: RequestRelay, ctx: CallContext
+    ) -> dict[str, Any]:
+        """One sessionless request; for a session-era client, "input required" rounds are served here."""
+        for _ in range(_MAX_INPUT_ROUNDS):
+            result = await self._modern_request(method, params, relay, ctx.client_capabilities)
+            if result.get("resultType") != "input_required" or not ctx.client_answers_requests:
+                return result
+            requests = result.get("inputRequests") or {}
+            if not isinstance(requests, dict):
+                raise UpstreamProtocolError(f"upstream {self.name} sent malformed inputRequests")
+            responses: dict[str, Any] = {}
+            for key, request in requests.items():
+                if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+                    raise UpstreamProtocolError(f"upstream {self.name} sent a malformed input request")
+                try:
+                    responses[key] = await relay.on_request(request["method"], request.get("params") or {})
+                except ClientDeclined as exc:
+                    raise UpstreamReplied(exc.error) from exc
+            params = {**params, "inputResponses": responses}
+            if "requestState" in result:
+                params["requestState"] = result["requestState"]
+        raise UpstreamProtocolError(f"upstream {self.name} kept asking for input")
+
     async def _modern_request(
         self,
         method: str,
@@ -429,27 +455,32 @@ class HttpUpstream:
             raise UpstreamProtocolError(f"upstream {self.name} answered HTTP {status}", may_have_acted=False)
         if not content_type.startswith("text/event-stream"):
             raise UpstreamProtocolError(f"upstream {self.name} answered {content_type or 'no content type'}")
-        async with anyio.create_task_group() as tg:
-            async for message in iter_sse_messages(response.aiter_lines()):
-                if "method" in message:
-                    method = message["method"]
-                    params = message.get("params") or {}
-                    if "id" in message:
-                        tg.start_soon(
-                            self._answer_server_request,
-                            message["id"],
-                            method,
-                            params,
-                            relay,
-                            upstream_session,
-                        )
-                    elif isinstance(method, str) and isinstance(params, dict):
-                        await self._on_stream_notification(method, params, relay)
-                    continue
-                if message.get("id") == request_id:
-                    tg.cancel_scope.cancel()
-                    return self._final(message, request_id, status)
-        raise OutcomeUnknown(f"upstream {self.name} closed the stream without a result")
+        final: dict[str, Any] | None = None
+        with single_exception():
+            async with anyio.create_task_group() as tg:
+                async for message in iter_sse_messages(response.aiter_lines()):
+                    if "method" in message:
+                        method = message["method"]
+                        params = message.get("params") or {}
+                        if "id" in message:
+                            tg.start_soon(
+                                self._answer_server_request,
+                                message["id"],
+                                method,
+                                params,
+                                relay,
+                                upstream_session,
+                            )
+                        elif isinstance(method, str) and isinstance(params, dict):
+                            await self._on_stream_notification(method, params, relay)
+                        continue
+                    if message.get("id") == request_id:
+                        final = message
+                        break
+                tg.cancel_scope.cancel()
+        if final is None:
+            raise OutcomeUnknown(f"upstream {self.name} closed the stream without a result")
+        return self._final(final, request_id, status)
 
     async def _on_stream_notification(self, method: str, params: dict[str, Any], relay: RequestRelay) -> None:
         if method == "notifications/tools/list_changed":
