@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -19,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from bastion.gateway import Gateway
 from bastion.metrics import GatewayMetrics
@@ -29,30 +31,44 @@ __all__ = ["create_app"]
 
 
 def create_app(snapshot: Snapshot, *, clock: Callable[[], float] = time.monotonic) -> Starlette:
-    """Build the ASGI app for one gateway process (one replica)."""
-    gateway = Gateway(snapshot, clock=clock)
+    """Build the ASGI app for one gateway process (one replica).
+
+    The gateway itself is built when the app starts (its lifespan), inside the
+    event loop that will serve it; ``app.state.gateway`` is set from then on.
+    """
     registry = CollectorRegistry()
-    GatewayMetrics(registry, gateway)
-    front = FrontDoor(
-        snapshot=gateway.snapshot,
-        auth=gateway.auth,
-        registry=gateway.registry,
-        router=gateway.router,
-        close_session=gateway.close_transport_session,
-    )
+    state: dict[str, Any] = {}
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "alive"})
 
     async def readyz(request: Request) -> Response:
+        gateway: Gateway | None = state.get("gateway")
+        if gateway is None:
+            return JSONResponse({"ready": False, "detail": "starting"}, status_code=503)
         ready, detail = gateway.readiness()
         return JSONResponse(detail, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    class _Mcp:
+        # An ASGI app (not a function) so Starlette hands it the raw scope.
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            await state["front"](scope, receive, send)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        gateway = Gateway(snapshot, clock=clock)
+        GatewayMetrics(registry, gateway)
+        state["front"] = FrontDoor(
+            snapshot=gateway.snapshot,
+            auth=gateway.auth,
+            registry=gateway.registry,
+            router=gateway.router,
+            close_session=gateway.close_transport_session,
+        )
+        state["gateway"] = app.state.gateway = gateway
         async with anyio.create_task_group() as tg:
             await gateway.start(tg)
             try:
@@ -61,14 +77,12 @@ def create_app(snapshot: Snapshot, *, clock: Callable[[], float] = time.monotoni
                 await gateway.aclose()
                 tg.cancel_scope.cancel()
 
-    app = Starlette(
+    return Starlette(
         routes=[
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics),
-            Route("/mcp", front),
+            Route("/mcp", _Mcp()),
         ],
         lifespan=lifespan,
     )
-    app.state.gateway = gateway
-    return app

@@ -9,7 +9,8 @@
     │  ├─ MethodNotFound (-32601, 200)   InvalidParams (-32602, 200)
     │  ├─ OriginForbidden (403)   NotAcceptable (406)   UnsupportedMediaType (415)
     │  ├─ SessionIdMissing (400)   SessionNotFound (404)
-    │  ├─ ProtocolVersionMismatch (400)   UnsupportedProtocolVersion (-32022, 400)   HeaderMismatch (-32020, 400)
+    │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)
+    │  ├─ UnsupportedProtocolVersion (-32022, 400)
     │  ├─ MethodNotAllowed (405)   TooManySessions (503)   StreamConflict (409)
     │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
     ├─ CallRefused            inside a call: HTTP 200 + JSON-RPC error in -32000…-32099

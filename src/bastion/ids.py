@@ -15,12 +15,12 @@ from typing import NewType
 __all__ = [
     "AgentId",
     "CallId",
+    "Epoch",
     "EvidenceSessionId",
     "ExecutionId",
     "TransportSessionId",
     "WorkerId",
     "WorkflowId",
-    "Epoch",
     "new_call_id",
     "new_evidence_session_id",
     "new_transport_session_id",

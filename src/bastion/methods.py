@@ -19,7 +19,7 @@ from bastion.errors import InvalidParams, MethodNotFound
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.versions import MODERN_VERSIONS
 
-__all__ = ["MethodRouter", "SERVER_CAPABILITIES", "SERVER_INFO", "for_sessionless_wire"]
+__all__ = ["SERVER_CAPABILITIES", "SERVER_INFO", "MethodRouter", "for_sessionless_wire"]
 
 SERVER_INFO = {"name": "bastion", "version": __version__}
 SERVER_CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": True}, "logging": {}}
@@ -28,7 +28,14 @@ _LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert
 
 # Results the 2026-07-28 wire marks cacheable: they must carry ttlMs and cacheScope.
 _CACHEABLE = frozenset(
-    {"server/discover", "tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read"}
+    {
+        "server/discover",
+        "tools/list",
+        "prompts/list",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+    }
 )
 
 
@@ -73,7 +80,9 @@ class MethodRouter:
         handler = self._handlers.get(method)
         if handler is None:
             if method.startswith(_NOT_YET):
-                raise MethodNotFound(f"Method not found: {method} is not served by this gateway yet", method=method)
+                raise MethodNotFound(
+                    f"Method not found: {method} is not served by this gateway yet", method=method
+                )
             raise MethodNotFound(f"Method not found: {method}", method=method)
         return await handler(caller, params)
 

@@ -29,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("config", type=Path)
 
-    token = sub.add_parser("hash-token", help="print the SHA-256 of a token read from stdin, for agents.*.token_sha256")
+    token = sub.add_parser(
+        "hash-token", help="print the SHA-256 of a token read from stdin, for agents.*.token_sha256"
+    )
     token.set_defaults(command="hash-token")
     return parser
 

@@ -23,7 +23,7 @@ from bastion.policy.snapshot import Snapshot
 
 __all__ = ["run_serve"]
 
-DEMO_TOKEN_FILE = "demo-agent.token"
+DEMO_TOKEN_FILE = "demo-agent.token"  # noqa: S105 - a file name, not a secret
 
 
 def run_serve(config: Path | None, host: str, port: int, data_dir: Path, log_level: str) -> int:
@@ -55,7 +55,15 @@ def run_serve(config: Path | None, host: str, port: int, data_dir: Path, log_lev
 async def _serve(snapshot: Snapshot, host: str, port: int, token_note: Path | None) -> None:
     app = create_app(snapshot)
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+        )
     )
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve)
