@@ -23,7 +23,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from store_support import AGENT, assert_linked, genesis, new_writer
 
 from bastion.admission.states import ExecutionState
-from bastion.ids import ExecutionId, EvidenceSessionId
+from bastion.ids import EvidenceSessionId, ExecutionId
 from bastion.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
@@ -152,7 +152,7 @@ async def test_processes_race_for_the_same_keys(tmp_path: Path, mode: str, loser
 
 
 async def test_processes_append_to_one_chain_without_fork(tmp_path: Path) -> None:
-    """4 processes × 40 concurrent appends on one chain: seq contiguous, every link intact, nothing lost."""
+    """4 processes x 40 concurrent appends on one chain: seq contiguous, every link intact, nothing lost."""
     db = tmp_path / "shared.db"
     session_id = EvidenceSessionId("ev_shared")
     async with await SqliteStore.open(db) as store:

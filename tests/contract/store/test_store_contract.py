@@ -519,6 +519,28 @@ async def test_append_to_unknown_or_closed_chain_is_a_conflict(
         await store.close_chain(EvidenceSessionId("ev_none"), worker=writer.worker, epoch=writer.epoch)
 
 
+async def test_close_with_a_final_entry_is_atomic(
+    store: Store, writer: Writer, chain: EvidenceSessionId
+) -> None:
+    """close_chain(final=...) appends the close entry and closes in one step; a bad final does neither."""
+
+    def broken(seq: int, prev: str) -> AuditEntry:
+        return make_entry(chain, seq + 1, prev, event="session_close")
+
+    with pytest.raises(ValueError):
+        await store.close_chain(chain, worker=writer.worker, epoch=writer.epoch, final=broken)
+    info = await store.get_chain(chain)
+    assert info is not None and not info.closed and info.head_seq == 0
+
+    closed = await store.close_chain(
+        chain, worker=writer.worker, epoch=writer.epoch, final=builder(chain, event="session_close")
+    )
+    entries = await store.read_chain(chain)
+    assert_linked(entries)
+    assert [e.event for e in entries] == ["session_open", "session_close"]
+    assert (closed.closed, closed.head_seq, closed.head_hash) == (True, 1, entries[-1].hash)
+
+
 async def test_open_chains_are_listed_for_recovery(store: Store, writer: Writer) -> None:
     """list_open_chains lists unclosed chains, optionally those one generation opened."""
     other = await new_writer(store, "w-other", "gen-other")

@@ -1,0 +1,356 @@
+"""The store contract every engine implements (DESIGN sections 3, 4, 6 and 7).
+
+This module owns the :class:`Store` protocol and the records it returns. It
+states what each operation makes atomic and what it raises; the engines
+(``sqlite.py`` now, ``postgres.py`` later) follow it, and the contract tests in
+``tests/contract/store/`` run the same cases against each. Nothing here may
+name an engine: no SQL, no file paths, no driver types.
+
+Fencing model (DESIGN section 6)
+--------------------------------
+A *worker* is one running gateway replica or upstream runtime. It registers
+once under an identity that is never replaced. A *generation* is the slot a
+worker claims (``"gateway-0"``, say); claiming it returns the *epoch*, which
+rises by one on every takeover. A worker is bound to one generation for its
+life, and the store remembers which, so a write names its generation through
+its worker: every write that matters takes ``(worker, epoch)``, and the engine
+checks, in the same transaction as the write, that ``worker`` is the current
+holder of its generation at exactly ``epoch``. Anything else raises :class:`StaleEpoch`
+and writes nothing. There is no unfenced mode: a gateway registers a worker
+and claims a generation before it writes (a survivor that recovers a dead
+replica registers a fresh recovery worker and claims the dead generation).
+
+An execution row belongs to the generation that reserved it: only a worker of
+that generation moves it on (anything else raises :class:`Conflict`), and
+:meth:`Store.recover_worker` is how a generation's new holder settles what
+its dead predecessor left.
+
+Durability and errors
+---------------------
+Every write returns only once it is durable. A write that cannot be made
+durable raises :class:`NotDurable`; the caller cannot know whether it landed
+(a lost acknowledgement looks the same), so it must neither repeat an effect
+nor report success: the row stays non-terminal as far as it knows, and hence
+refused (seed 000). Domain refusals
+(collision, in flight, replay) are raised as the ``CallRefused`` errors from
+``errors.py``; storage refusals as :class:`StoreError` subclasses. A caller
+cancelled while its write is being committed may not learn its result: treat
+that like :class:`NotDurable` after commit (the write may have happened).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from bastion.admission.states import ExecutionState
+from bastion.audit.entry import AuditEntry
+from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
+
+__all__ = [
+    "AppendBuilder",
+    "ChainInfo",
+    "ExecutionRecord",
+    "GenerationRecord",
+    "Readmitted",
+    "RecoveredExecution",
+    "ReserveOutcome",
+    "Reserved",
+    "Store",
+    "WorkerRecord",
+]
+
+AppendBuilder = Callable[[int, str], AuditEntry]
+"""``build(next_seq, prev_hash) -> sealed AuditEntry``, called inside the append's transaction."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRecord:
+    """The authoritative row of one ``(agent, execution_id)``.
+
+    ``worker``/``epoch`` name the last writer; ``generation`` the owner.
+    ``call_id`` is the attempt that last reserved the row.
+    """
+
+    agent: AgentId
+    execution_id: ExecutionId
+    binding: str
+    state: ExecutionState
+    call_id: CallId | None
+    generation: str
+    worker: WorkerId
+    epoch: Epoch
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """A new row was inserted ``reserved`` with its binding."""
+
+    record: ExecutionRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Readmitted:
+    """A ``released`` row with the same binding was reserved again."""
+
+    record: ExecutionRecord
+
+
+ReserveOutcome = Reserved | Readmitted
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredExecution:
+    """One row that :meth:`Store.recover_worker` settled; the caller audits it."""
+
+    agent: AgentId
+    execution_id: ExecutionId
+    binding: str
+    call_id: CallId | None
+    previous_state: ExecutionState
+    state: ExecutionState
+    previous_worker: WorkerId
+    previous_epoch: Epoch
+
+
+@dataclass(frozen=True, slots=True)
+class ChainInfo:
+    """One audit chain (one evidence session): its owner, root and head."""
+
+    session_id: EvidenceSessionId
+    agent: AgentId | None
+    root: str
+    head_seq: int
+    head_hash: str
+    generation: str
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    worker_id: WorkerId
+    role: str
+    provenance: Mapping[str, Any]
+    registered_at: datetime
+    heartbeat_at: datetime
+    generation: str | None
+
+    def is_live(self, now: datetime, lease_s: float) -> bool:
+        """Heartbeat freshness alone decides liveness: live iff ``now - heartbeat_at < lease_s``."""
+        return (now - self.heartbeat_at).total_seconds() < lease_s
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRecord:
+    generation: str
+    holder: WorkerId
+    epoch: Epoch
+    claimed_at: datetime
+
+
+class Store(Protocol):
+    """The one storage contract. Every method is a coroutine; times are timezone-aware.
+
+    Each write below is one atomic transaction. Engines may commit several
+    concurrent writes in one transaction (group commit), but each keeps its own
+    atomicity and its own result or error.
+    """
+
+    async def aclose(self) -> None:
+        """Finish writes in progress and release every connection. Later calls raise :class:`StoreError`."""
+        ...
+
+    # ------------------------------------------------------------ workers and fencing
+
+    async def register_worker(
+        self, worker_id: WorkerId, role: str, provenance: Mapping[str, Any], *, now: datetime
+    ) -> WorkerRecord:
+        """Register a new worker identity, its heartbeat set to ``now``.
+
+        Raises :class:`Conflict` if the identity exists: identities are never
+        replaced, adopted or merged.
+        """
+        ...
+
+    async def claim_generation(
+        self, generation: str, worker_id: WorkerId, *, now: datetime, lease_s: float
+    ) -> Epoch:
+        """Claim ``generation`` for ``worker_id``, atomically, and return the new epoch.
+
+        An unclaimed generation starts at epoch 1. A held one is taken over
+        with ``epoch = previous + 1`` only if its holder is not live (its last
+        heartbeat is ``lease_s`` or more before ``now``); the claimant's
+        heartbeat becomes ``now``. Raises :class:`Conflict` when the holder is
+        live (the claimant itself included), when the worker is unknown, or when
+        it was ever bound to another generation: a worker claims one generation
+        in its life (it may claim that one again after losing it).
+        """
+        ...
+
+    async def heartbeat(self, worker_id: WorkerId, now: datetime) -> None:
+        """Record that ``worker_id`` is alive at ``now`` (never moves backwards).
+
+        Raises :class:`Conflict` for an unknown worker and :class:`StaleEpoch`
+        for one whose generation was taken over: a superseded worker cannot
+        make itself live again.
+        """
+        ...
+
+    async def get_worker(self, worker_id: WorkerId) -> WorkerRecord | None: ...
+
+    async def get_generation(self, generation: str) -> GenerationRecord | None: ...
+
+    # ------------------------------------------------------------ executions
+
+    async def reserve_execution(
+        self,
+        agent: AgentId,
+        execution_id: ExecutionId,
+        binding: str,
+        *,
+        call_id: CallId,
+        worker: WorkerId,
+        epoch: Epoch,
+    ) -> ReserveOutcome:
+        """Atomically classify and, if admissible, reserve ``(agent, execution_id)``.
+
+        - no row: insert ``reserved`` with the immutable ``binding`` → :class:`Reserved`;
+        - a row with another binding: raise :class:`ExecutionCollision` (``execution_id``);
+        - same binding, ``reserved``/``invoking``: raise :class:`ExecutionInFlight`;
+        - same binding, terminal: raise :class:`ExecutionReplay` (``earlier_outcome``);
+        - same binding, ``released``: back to ``reserved`` under this writer → :class:`Readmitted`.
+
+        The fence is checked first: a stale writer raises :class:`StaleEpoch`
+        and learns nothing about the row.
+        """
+        ...
+
+    async def mark_invoking(
+        self, agent: AgentId, execution_id: ExecutionId, *, worker: WorkerId, epoch: Epoch
+    ) -> ExecutionRecord:
+        """``reserved → invoking``, durable before return, so the call may be sent after it.
+
+        Raises :class:`StaleEpoch`; :class:`Conflict` for a missing row, a row
+        of another generation or an illegal transition.
+        """
+        ...
+
+    async def record_outcome(
+        self,
+        agent: AgentId,
+        execution_id: ExecutionId,
+        outcome: ExecutionState,
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+    ) -> ExecutionRecord:
+        """``invoking → outcome`` (a terminal state), durable before return.
+
+        Raises :class:`ValueError` if ``outcome`` is not terminal; otherwise as
+        :meth:`mark_invoking`. If it raises, the row is still ``invoking``
+        (unless :class:`NotDurable` came after commit, see the module docstring).
+        """
+        ...
+
+    async def release_execution(
+        self, agent: AgentId, execution_id: ExecutionId, *, worker: WorkerId, epoch: Epoch
+    ) -> ExecutionRecord:
+        """``reserved → released``: only when nothing was sent. Raises as :meth:`mark_invoking`."""
+        ...
+
+    async def get_execution(self, agent: AgentId, execution_id: ExecutionId) -> ExecutionRecord | None:
+        """The committed row, or ``None``."""
+        ...
+
+    async def recover_worker(
+        self, dead_worker_generation: str, *, new_worker: WorkerId, new_epoch: Epoch
+    ) -> list[RecoveredExecution]:
+        """Settle what a dead holder of ``dead_worker_generation`` left, in one transaction.
+
+        ``new_worker`` must hold that generation at ``new_epoch`` (else
+        :class:`StaleEpoch`; :class:`Conflict` if it holds another generation).
+        Rows of the generation written under an older epoch move
+        ``invoking → outcome_unknown`` and ``reserved → released``, rewritten
+        under ``(new_worker, new_epoch)``. Returns the changed rows, ordered by
+        ``(agent, execution_id)``; the caller writes one audit entry for each.
+        """
+        ...
+
+    # ------------------------------------------------------------ audit chains
+
+    async def open_chain(
+        self, session_id: EvidenceSessionId, genesis: AuditEntry, *, worker: WorkerId, epoch: Epoch
+    ) -> ChainInfo:
+        """Create the chain with its sealed genesis entry (``seq`` 0, ``prev`` 64 zeros) as root.
+
+        The chain's owner is ``genesis.agent``. Raises :class:`Conflict` if the
+        chain exists, :class:`StaleEpoch`, and :class:`ValueError` for a
+        genesis that is unsealed or not the first link of ``session_id``.
+        """
+        ...
+
+    async def append_entry(
+        self, session_id: EvidenceSessionId, build: AppendBuilder, *, worker: WorkerId, epoch: Epoch
+    ) -> AuditEntry:
+        """Append ``build(head_seq + 1, head_hash)`` to the chain, atomically with reading its head.
+
+        Concurrent appends to one chain therefore never fork or leave a gap.
+        ``build`` must be pure and quick: it runs while the chain is locked,
+        possibly on a worker thread, and may be called again with the same
+        arguments if the engine retries. Raises :class:`Conflict` for an
+        unknown or closed chain, :class:`StaleEpoch`, and :class:`ValueError`
+        if the built entry is unsealed or is not that chain's next link.
+        Whatever ``build`` raises is raised, and nothing is written.
+        """
+        ...
+
+    async def read_chain(
+        self, session_id: EvidenceSessionId, *, start_seq: int = 0, limit: int | None = None
+    ) -> list[AuditEntry]:
+        """Committed entries with ``seq >= start_seq`` in ``seq`` order (at most ``limit``); page with it."""
+        ...
+
+    async def get_chain(self, session_id: EvidenceSessionId) -> ChainInfo | None:
+        """The chain's owner, root and head, or ``None``: read paths check ownership with it."""
+        ...
+
+    async def list_open_chains(self, *, generation: str | None = None) -> list[ChainInfo]:
+        """Chains not yet closed (optionally only those a generation opened), for recovery."""
+        ...
+
+    async def close_chain(
+        self,
+        session_id: EvidenceSessionId,
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+        final: AppendBuilder | None = None,
+    ) -> ChainInfo:
+        """Close the chain (later appends raise :class:`Conflict`) and return its final head.
+
+        With ``final``, the close entry it builds is appended in the same
+        transaction, exactly as :meth:`append_entry` would, so no chain is ever
+        left with a close entry but still open. Raises :class:`Conflict` if
+        unknown or already closed, :class:`StaleEpoch`, and what
+        :meth:`append_entry` raises for ``final``.
+        """
+        ...
+
+    async def store_claim(
+        self,
+        session_id: EvidenceSessionId,
+        claim: Mapping[str, Any],
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+    ) -> None:
+        """Store the TRACE claim of a closed chain under its session id (JSON object, once).
+
+        Raises :class:`Conflict` if the chain is unknown or still open, or
+        already has a claim; :class:`StaleEpoch`.
+        """
+        ...
+
+    async def get_claim(self, session_id: EvidenceSessionId) -> dict[str, Any] | None: ...

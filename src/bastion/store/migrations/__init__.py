@@ -1,0 +1,32 @@
+"""Numbered schema migrations of the store engines (DESIGN section 7).
+
+Each engine has its own ordered tuple of :class:`Migration`; a file records
+the version it has reached in ``schema_version``, and opening it with newer
+code applies the missing steps in order, each set in one transaction. A
+migration, once released, is never edited: a change is a new number. This
+package holds schema text only; the engines run it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bastion.store.migrations import sqlite_0001_initial, sqlite_0002_recovery_indexes
+
+__all__ = ["SQLITE_MIGRATIONS", "Migration"]
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+SQLITE_MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial", sqlite_0001_initial.STATEMENTS),
+    Migration(2, "recovery_indexes", sqlite_0002_recovery_indexes.STATEMENTS),
+)
+
+# The list is dense and ordered: migration n sits at index n - 1.
+assert all(m.version == i + 1 for i, m in enumerate(SQLITE_MIGRATIONS))

@@ -1,0 +1,252 @@
+"""A store that fails on purpose, for tests of fail-closed paths (STYLE "Boundaries").
+
+``FaultyStore(inner, fail_at="record_outcome", when="before_commit")`` wraps any
+:class:`~bastion.store.base.Store` and raises :class:`~bastion.errors.NotDurable`
+from one write operation:
+
+- ``when="before_commit"``: the inner store is not called; the write did not happen.
+- ``when="after_commit"``: the inner store commits the write, then the caller
+  is told it failed (the honest shape of a lost acknowledgement).
+
+It does so ``times`` times (``None``: until :meth:`FaultyStore.recover`), then
+passes every call through. Reads always pass through. Never use it outside tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from typing import Any, Literal, TypeVar, get_args
+
+from bastion.admission.states import ExecutionState
+from bastion.audit.entry import AuditEntry
+from bastion.errors import NotDurable
+from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
+from bastion.store.base import (
+    AppendBuilder,
+    ChainInfo,
+    ExecutionRecord,
+    GenerationRecord,
+    RecoveredExecution,
+    ReserveOutcome,
+    Store,
+    WorkerRecord,
+)
+
+__all__ = ["FailPoint", "FailWhen", "FaultyStore"]
+
+T = TypeVar("T")
+
+FailPoint = Literal[
+    "register_worker",
+    "claim_generation",
+    "heartbeat",
+    "reserve_execution",
+    "mark_invoking",
+    "record_outcome",
+    "release_execution",
+    "recover_worker",
+    "open_chain",
+    "append_entry",
+    "close_chain",
+    "store_claim",
+]
+FailWhen = Literal["before_commit", "after_commit"]
+
+
+class FaultyStore:
+    """Wraps ``inner`` and makes ``fail_at`` raise :class:`NotDurable` ``times`` times."""
+
+    def __init__(
+        self,
+        inner: Store,
+        *,
+        fail_at: FailPoint = "record_outcome",
+        when: FailWhen = "before_commit",
+        times: int | None = 1,
+    ) -> None:
+        if fail_at not in get_args(FailPoint):
+            raise ValueError(f"unknown fail point {fail_at!r}")
+        if when not in get_args(FailWhen):
+            raise ValueError(f"unknown failure timing {when!r}")
+        if times is not None and times < 0:
+            raise ValueError("times must be >= 0 or None")
+        self.inner = inner
+        self.fail_at = fail_at
+        self.when = when
+        self._remaining = times
+        self.injected = 0
+
+    @property
+    def armed(self) -> bool:
+        """Whether the next call to ``fail_at`` will fail."""
+        return self._remaining is None or self._remaining > 0
+
+    def recover(self) -> None:
+        """Stop injecting failures: from now on every call passes through."""
+        self._remaining = 0
+
+    def fail_again(self, times: int | None = 1) -> None:
+        """Arm the same fail point again for ``times`` more calls (``None``: until :meth:`recover`)."""
+        self._remaining = times
+
+    async def _guard(self, name: FailPoint, call: Callable[[], Awaitable[T]]) -> T:
+        if name != self.fail_at or not self.armed:
+            return await call()
+        if self._remaining is not None:
+            self._remaining -= 1
+        self.injected += 1
+        if self.when == "after_commit":
+            await call()
+            raise NotDurable("injected failure after commit", fail_point=name)
+        raise NotDurable("injected failure before commit", fail_point=name)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    # ------------------------------------------------------------ workers and fencing
+
+    async def register_worker(
+        self, worker_id: WorkerId, role: str, provenance: Mapping[str, Any], *, now: datetime
+    ) -> WorkerRecord:
+        return await self._guard(
+            "register_worker", lambda: self.inner.register_worker(worker_id, role, provenance, now=now)
+        )
+
+    async def claim_generation(
+        self, generation: str, worker_id: WorkerId, *, now: datetime, lease_s: float
+    ) -> Epoch:
+        return await self._guard(
+            "claim_generation",
+            lambda: self.inner.claim_generation(generation, worker_id, now=now, lease_s=lease_s),
+        )
+
+    async def heartbeat(self, worker_id: WorkerId, now: datetime) -> None:
+        await self._guard("heartbeat", lambda: self.inner.heartbeat(worker_id, now))
+
+    async def get_worker(self, worker_id: WorkerId) -> WorkerRecord | None:
+        return await self.inner.get_worker(worker_id)
+
+    async def get_generation(self, generation: str) -> GenerationRecord | None:
+        return await self.inner.get_generation(generation)
+
+    # ------------------------------------------------------------ executions
+
+    async def reserve_execution(
+        self,
+        agent: AgentId,
+        execution_id: ExecutionId,
+        binding: str,
+        *,
+        call_id: CallId,
+        worker: WorkerId,
+        epoch: Epoch,
+    ) -> ReserveOutcome:
+        return await self._guard(
+            "reserve_execution",
+            lambda: self.inner.reserve_execution(
+                agent, execution_id, binding, call_id=call_id, worker=worker, epoch=epoch
+            ),
+        )
+
+    async def mark_invoking(
+        self, agent: AgentId, execution_id: ExecutionId, *, worker: WorkerId, epoch: Epoch
+    ) -> ExecutionRecord:
+        return await self._guard(
+            "mark_invoking", lambda: self.inner.mark_invoking(agent, execution_id, worker=worker, epoch=epoch)
+        )
+
+    async def record_outcome(
+        self,
+        agent: AgentId,
+        execution_id: ExecutionId,
+        outcome: ExecutionState,
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+    ) -> ExecutionRecord:
+        return await self._guard(
+            "record_outcome",
+            lambda: self.inner.record_outcome(agent, execution_id, outcome, worker=worker, epoch=epoch),
+        )
+
+    async def release_execution(
+        self, agent: AgentId, execution_id: ExecutionId, *, worker: WorkerId, epoch: Epoch
+    ) -> ExecutionRecord:
+        return await self._guard(
+            "release_execution",
+            lambda: self.inner.release_execution(agent, execution_id, worker=worker, epoch=epoch),
+        )
+
+    async def get_execution(self, agent: AgentId, execution_id: ExecutionId) -> ExecutionRecord | None:
+        return await self.inner.get_execution(agent, execution_id)
+
+    async def recover_worker(
+        self, dead_worker_generation: str, *, new_worker: WorkerId, new_epoch: Epoch
+    ) -> list[RecoveredExecution]:
+        return await self._guard(
+            "recover_worker",
+            lambda: self.inner.recover_worker(
+                dead_worker_generation, new_worker=new_worker, new_epoch=new_epoch
+            ),
+        )
+
+    # ------------------------------------------------------------ audit chains
+
+    async def open_chain(
+        self, session_id: EvidenceSessionId, genesis: AuditEntry, *, worker: WorkerId, epoch: Epoch
+    ) -> ChainInfo:
+        return await self._guard(
+            "open_chain", lambda: self.inner.open_chain(session_id, genesis, worker=worker, epoch=epoch)
+        )
+
+    async def append_entry(
+        self, session_id: EvidenceSessionId, build: AppendBuilder, *, worker: WorkerId, epoch: Epoch
+    ) -> AuditEntry:
+        return await self._guard(
+            "append_entry", lambda: self.inner.append_entry(session_id, build, worker=worker, epoch=epoch)
+        )
+
+    async def read_chain(
+        self, session_id: EvidenceSessionId, *, start_seq: int = 0, limit: int | None = None
+    ) -> list[AuditEntry]:
+        return await self.inner.read_chain(session_id, start_seq=start_seq, limit=limit)
+
+    async def get_chain(self, session_id: EvidenceSessionId) -> ChainInfo | None:
+        return await self.inner.get_chain(session_id)
+
+    async def list_open_chains(self, *, generation: str | None = None) -> list[ChainInfo]:
+        return await self.inner.list_open_chains(generation=generation)
+
+    async def close_chain(
+        self,
+        session_id: EvidenceSessionId,
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+        final: AppendBuilder | None = None,
+    ) -> ChainInfo:
+        return await self._guard(
+            "close_chain",
+            lambda: self.inner.close_chain(session_id, worker=worker, epoch=epoch, final=final),
+        )
+
+    async def store_claim(
+        self,
+        session_id: EvidenceSessionId,
+        claim: Mapping[str, Any],
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+    ) -> None:
+        await self._guard(
+            "store_claim", lambda: self.inner.store_claim(session_id, claim, worker=worker, epoch=epoch)
+        )
+
+    async def get_claim(self, session_id: EvidenceSessionId) -> dict[str, Any] | None:
+        return await self.inner.get_claim(session_id)
+
+
+def _conforms(store: FaultyStore) -> Store:
+    """Let mypy check that the wrapper implements the whole contract."""
+    return store

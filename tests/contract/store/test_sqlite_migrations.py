@@ -1,0 +1,117 @@
+"""SQLite schema versions (DESIGN section 7): an older file is upgraded with its data; a newer one refused."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from store_support import AGENT, EID
+
+from bastion.admission.states import ExecutionState
+from bastion.errors import ExecutionInFlight, StoreError
+from bastion.ids import CallId, Epoch, WorkerId
+from bastion.store.migrations import SQLITE_MIGRATIONS
+from bastion.store.sqlite import SqliteStore, apply_migrations
+
+pytestmark = pytest.mark.anyio
+
+BINDING = "ab" * 32
+
+
+def raw(db: Path) -> sqlite3.Connection:
+    return sqlite3.connect(db, isolation_level=None)
+
+
+def schema_version(db: Path) -> int:
+    conn = raw(db)
+    try:
+        return int(conn.execute("SELECT version FROM schema_version").fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def test_fresh_file_gets_the_newest_schema_in_wal_with_full_sync(tmp_path: Path) -> None:
+    """A new file is migrated to the newest version, journaled in WAL, its writer fully synchronous."""
+    db = tmp_path / "new.db"
+    async with await SqliteStore.open(db) as store:
+        assert store._writer.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert store._writer.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert schema_version(db) == len(SQLITE_MIGRATIONS)
+
+
+async def test_version_1_file_is_upgraded_and_keeps_its_data(tmp_path: Path) -> None:
+    """A file written at schema 1 opens with current code: upgraded, rows intact and usable."""
+    db = tmp_path / "v1.db"
+    conn = raw(db)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        assert apply_migrations(conn, target=1) == 1
+        conn.execute(
+            "INSERT INTO workers VALUES ('w-old', 'gateway', '{\"pid\": 7}', 1, ?, 'gen')",
+            (1_777_636_800_000_000,),
+        )
+        conn.execute("INSERT INTO generations VALUES ('gen', 'w-old', 3, 1)")
+        conn.execute(
+            "INSERT INTO executions VALUES (?, ?, ?, 'invoking', 'c1', 'gen', 'w-old', 3)",
+            (AGENT, EID, BINDING),
+        )
+    finally:
+        conn.close()
+    assert schema_version(db) == 1
+
+    async with await SqliteStore.open(db) as store:
+        record = await store.get_execution(AGENT, EID)
+        assert record is not None
+        assert (record.state, record.binding, record.epoch) == (ExecutionState.INVOKING, BINDING, 3)
+        worker = await store.get_worker(WorkerId("w-old"))
+        assert worker is not None and dict(worker.provenance) == {"pid": 7}
+        with pytest.raises(ExecutionInFlight):
+            await store.reserve_execution(
+                AGENT, EID, BINDING, call_id=CallId("c2"), worker=WorkerId("w-old"), epoch=Epoch(3)
+            )
+        done = await store.record_outcome(
+            AGENT, EID, ExecutionState.COMPLETED, worker=WorkerId("w-old"), epoch=Epoch(3)
+        )
+        assert done.state is ExecutionState.COMPLETED
+
+    assert schema_version(db) == len(SQLITE_MIGRATIONS) == 2
+    conn = raw(db)
+    try:
+        indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    finally:
+        conn.close()
+    assert {"executions_unsettled", "chains_open"} <= indexes
+
+
+async def test_file_newer_than_the_code_is_refused(tmp_path: Path) -> None:
+    """A schema version this code does not know fails closed: StoreError naming both versions."""
+    db = tmp_path / "future.db"
+    async with await SqliteStore.open(db):
+        pass
+    conn = raw(db)
+    try:
+        conn.execute("UPDATE schema_version SET version = 99")
+    finally:
+        conn.close()
+    with pytest.raises(StoreError) as caught:
+        await SqliteStore.open(db)
+    assert caught.value.data == {"file_version": 99, "code_version": len(SQLITE_MIGRATIONS)}
+
+
+def test_migrations_are_idempotent_and_never_downgrade(tmp_path: Path) -> None:
+    """Applying twice changes nothing; a lower target leaves a newer file as it is."""
+    conn = raw(tmp_path / "x.db")
+    try:
+        assert apply_migrations(conn) == len(SQLITE_MIGRATIONS)
+        assert apply_migrations(conn) == len(SQLITE_MIGRATIONS)
+        assert apply_migrations(conn, target=1) == len(SQLITE_MIGRATIONS)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("path", [":memory:", "file:x?mode=memory"])
+async def test_unshareable_paths_are_refused(path: str) -> None:
+    """The store needs a file several connections and processes can share."""
+    with pytest.raises(ValueError):
+        await SqliteStore.open(path)

@@ -1,0 +1,64 @@
+"""The execution binding (DESIGN section 3): SHA-256 hex of RFC 8785 JSON of {server, tool, arguments}."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from bastion.admission.binding import compute_binding
+from bastion.errors import InvalidParams
+
+
+def test_known_vector() -> None:
+    """The binding is SHA-256 over the canonical bytes, keys sorted, no whitespace, UTF-8."""
+    canonical = '{"arguments":{"a":1,"b":[true,null,"é"],"c":1.5},"server":"git","tool":"push"}'
+    expected = hashlib.sha256(canonical.encode()).hexdigest()
+    assert compute_binding("git", "push", {"c": 1.5, "b": [True, None, "é"], "a": 1}) == expected
+
+
+def test_key_order_and_number_spelling_do_not_matter() -> None:
+    """Equal JSON values bind equally, whatever the order of keys or the spelling of numbers."""
+    one = compute_binding("s", "t", {"x": {"p": 1, "q": 2}, "y": 10.0})
+    two = compute_binding("s", "t", {"y": 10, "x": {"q": 2, "p": 1}})
+    assert one == two
+
+
+@pytest.mark.parametrize(
+    ("server", "tool", "arguments"),
+    [
+        ("s2", "t", {"x": 1}),
+        ("s", "t2", {"x": 1}),
+        ("s", "t", {"x": 2}),
+        ("s", "t", {"x": "1"}),
+        ("s", "t", {}),
+    ],
+)
+def test_any_change_changes_the_binding(server: str, tool: str, arguments: dict[str, object]) -> None:
+    """Server, tool and every argument value are bound."""
+    assert compute_binding(server, tool, arguments) != compute_binding("s", "t", {"x": 1})
+
+
+def test_fields_cannot_be_shifted_between_server_and_tool() -> None:
+    """The structure is hashed, not a concatenation: ('ab', 'c') differs from ('a', 'bc')."""
+    assert compute_binding("ab", "c", {}) != compute_binding("a", "bc", {})
+
+
+def test_absent_arguments_bind_as_empty_object() -> None:
+    """MCP treats absent arguments as none: None and {} bind the same."""
+    assert compute_binding("s", "t", None) == compute_binding("s", "t", {})
+
+
+def test_binding_is_lowercase_sha256_hex() -> None:
+    """64 lowercase hex digits, the form the store accepts."""
+    value = compute_binding("s", "t", {"k": "v"})
+    assert len(value) == 64 and value == value.lower() and int(value, 16) >= 0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 2**64, {1, 2}, b"bytes"])
+def test_arguments_without_canonical_form_are_refused(bad: object) -> None:
+    """A binding that cannot be computed admits nothing: InvalidParams naming the arguments, not the value."""
+    with pytest.raises(InvalidParams) as caught:
+        compute_binding("s", "t", {"v": bad})
+    assert caught.value.data["field"] == "arguments"
+    assert str(bad) not in str(caught.value)
