@@ -22,15 +22,24 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from bastion.gateway import Gateway
+from bastion.audit.read_paths import EvidenceReadPaths
+from bastion.auth.bearer import StaticBearerAuth
+from bastion.gateway import Gateway, RuntimeOptions
 from bastion.metrics import GatewayMetrics
 from bastion.policy.snapshot import Snapshot
+from bastion.store.base import Store
 from bastion.transport.streamable_http import FrontDoor
 
 __all__ = ["create_app"]
 
 
-def create_app(snapshot: Snapshot, *, clock: Callable[[], float] = time.monotonic) -> Starlette:
+def create_app(
+    snapshot: Snapshot,
+    options: RuntimeOptions,
+    *,
+    auditor_token_hashes: frozenset[str] = frozenset(),
+    clock: Callable[[], float] = time.monotonic,
+) -> Starlette:
     """Build the ASGI app for one gateway process (one replica).
 
     The gateway itself is built when the app starts (its lifespan), inside the
@@ -57,21 +66,37 @@ def create_app(snapshot: Snapshot, *, clock: Callable[[], float] = time.monotoni
         async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
             await state["front"](scope, receive, send)
 
+    def store() -> Store:
+        gateway: Gateway = state["gateway"]
+        assert gateway.store is not None
+        return gateway.store
+
+    def auth() -> StaticBearerAuth:
+        gateway: Gateway = state["gateway"]
+        return gateway.auth()
+
+    evidence = EvidenceReadPaths(store, auth, auditor_token_hashes)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        gateway = Gateway(snapshot, clock=clock)
+        gateway = Gateway(snapshot, options, clock=clock)
         GatewayMetrics(registry, gateway)
-        state["front"] = FrontDoor(
-            snapshot=gateway.snapshot,
-            auth=gateway.auth,
-            registry=gateway.registry,
-            router=gateway.router,
-            close_session=gateway.close_transport_session,
-        )
         state["gateway"] = app.state.gateway = gateway
         async with anyio.create_task_group() as tg:
-            await gateway.start(tg)
             try:
+                await gateway.start(tg)
+                assert gateway.router is not None
+                state["front"] = FrontDoor(
+                    snapshot=gateway.snapshot,
+                    auth=gateway.auth,
+                    registry=gateway.registry,
+                    router=gateway.router,
+                    close_session=gateway.close_transport_session,
+                    evidence_for=gateway.evidence_for,
+                    end_request_evidence=gateway.end_request_evidence,
+                    audit_isolation=gateway.audit_isolation,
+                    serving=gateway.serving,
+                )
                 yield
             finally:
                 await gateway.aclose()
@@ -83,6 +108,8 @@ def create_app(snapshot: Snapshot, *, clock: Callable[[], float] = time.monotoni
             Route("/readyz", readyz),
             Route("/metrics", metrics),
             Route("/mcp", _Mcp()),
+            Route("/sessions/{session_id}/trace-claim", evidence.trace_claim),
+            Route("/audit/export", evidence.export),
         ],
         lifespan=lifespan,
     )

@@ -3,25 +3,56 @@
 Steps 1 (transport) and 2 (authentication) happened before this module is
 reached: the :class:`~bastion.caller.Caller` is their product. This module
 owns steps 3 to 8 and is the one place to read the life of a tool call.
-Every refusal is raised as a typed error; ``transport/`` renders it.
+Every refusal is raised as a typed error, written to the audit chain first,
+and carries a receipt; ``transport/`` renders it.
 
-Steps not yet built are named here, with the issue that builds them, so the
-order of checks cannot drift when they arrive.
+Order of the durable writes, for a call with an execution id (DESIGN section 3):
+reserve (atomic, with binding) → audit ``admitted`` → mark ``invoking`` →
+audit ``invoking`` → send → record the terminal state → audit it → answer.
+A write that cannot be made durable stops the call there, fail closed: the
+execution stays non-terminal (hence refused), the store is marked degraded,
+and the audit entry owed is written once storage returns.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
+from bastion.admission.binding import compute_binding
+from bastion.admission.envelope import CmcpEnvelope, read_envelope
+from bastion.admission.states import ExecutionState
+from bastion.audit.entry import AuditEntry, AuditEvent, Decision, digest_json
+from bastion.audit.scope import EvidenceScope
 from bastion.caller import Caller
-from bastion.errors import InvalidParams, UnknownTool
+from bastion.errors import (
+    BastionError,
+    CallRefused,
+    ExecutionCollision,
+    ExecutionInFlight,
+    ExecutionReplay,
+    InvalidParams,
+    NotDurable,
+    StoreError,
+    UnknownTool,
+    UpstreamError,
+    UpstreamUnavailable,
+)
+from bastion.ids import CallId, new_call_id
 from bastion.policy.snapshot import Snapshot
-from bastion.upstream.base import CallContext
+from bastion.store.base import Store
+from bastion.store.health import StoreHealth
+from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
+from bastion.workers.membership import WorkerMembership
 
-__all__ = ["ToolCallPath", "strip_reserved_meta"]
+__all__ = ["RECEIPT_META_KEY", "ToolCallPath", "strip_reserved_meta"]
 
+RECEIPT_META_KEY = "io.bastion/receipt"
 _RESERVED_META_PREFIX = "io.modelcontextprotocol/"
 
 
@@ -37,23 +68,82 @@ def strip_reserved_meta(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@dataclass
+class _Attempt:
+    """What one attempt has established so far, for its audit entries and its receipt."""
+
+    call_id: CallId
+    policy_version: str
+    envelope: CmcpEnvelope = field(default_factory=CmcpEnvelope)
+    entry: ToolEntry | None = None
+    binding: str | None = None
+    args_digest: str | None = None
+    last: AuditEntry | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "workflow_id": self.envelope.workflow_id,
+            "execution_id": self.envelope.execution_id,
+            "server": self.entry.server if self.entry else None,
+            "tool": self.entry.upstream_name if self.entry else None,
+            "args_digest": self.args_digest,
+            "binding": self.binding,
+            "policy_version": self.policy_version,
+        }
+
+
 class ToolCallPath:
     """Runs one tools/call for one caller against the snapshot in force."""
 
-    def __init__(self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(
+        self,
+        fleet: UpstreamFleet,
+        snapshot: Callable[[], Snapshot],
+        *,
+        store: Store,
+        membership: WorkerMembership,
+        health: StoreHealth,
+    ) -> None:
         self._fleet = fleet
         self._snapshot = snapshot
+        self._store = store
+        self._membership = membership
+        self._health = health
 
     async def call_tool(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
-        """Route, decide and relay one tool call; returns the upstream's result.
+        """Decide, admit, relay and record one tool call; returns the upstream's result with a receipt.
 
         Raises:
-            InvalidParams: ``name`` missing or not a string, ``arguments`` not an object.
-            UnknownTool: no tool of the surface has that name.
+            CallRefused: refused (unknown tool, invalid ``_cmcp``, collision, in flight, replay).
+            InvalidParams: ``name``/``arguments`` malformed.
             UpstreamError: the upstream failed (see ``upstream/base.py``).
+            StoreError: a durable write failed (``NotDurable``, ``StaleEpoch``).
             UpstreamReplied: the upstream answered with a JSON-RPC error.
         """
         snapshot = self._snapshot()  # one snapshot decides the whole call
+        attempt = _Attempt(call_id=new_call_id(), policy_version=snapshot.version)
+        scope = caller.evidence
+        try:
+            return await self._run(caller, params, snapshot, attempt, scope)
+        except (CallRefused, InvalidParams) as exc:
+            if not exc.data.get("audited"):
+                await self._audit_refusal(scope, attempt, exc)
+            exc.data.pop("audited", None)
+            exc.data["receipt"] = self._receipt(scope, attempt)
+            raise
+        except (UpstreamError, StoreError) as exc:
+            exc.data["receipt"] = self._receipt(scope, attempt)
+            raise
+
+    async def _run(
+        self,
+        caller: Caller,
+        params: dict[str, Any],
+        snapshot: Snapshot,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+    ) -> dict[str, Any]:
         name = params.get("name")
         arguments = params.get("arguments", {})
         if not isinstance(name, str):
@@ -62,6 +152,7 @@ class ToolCallPath:
             arguments = {}
         if not isinstance(arguments, dict):
             raise InvalidParams("Invalid params: tools/call arguments must be an object")
+        attempt.envelope, params = read_envelope(params)
 
         # (3) Agent session check: static configured agents neither expire nor get revoked;
         #     agent sessions with expiry and revocation arrive with issue #4.
@@ -70,10 +161,53 @@ class ToolCallPath:
         entry = self._fleet.lookup(name)
         if entry is None:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
+        attempt.entry = entry
+        attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
+        attempt.args_digest = digest_json(arguments)
         # (5) Attachment gate for mutating tools: issue #5.
-        # (6) Execution admission (params._cmcp): issue #3.
-        # (7) Invoke on this client's own upstream session.
-        upstream_params = self._upstream_params(entry, params, arguments)
+
+        # (6) Execution admission.
+        self._health.check_admissions()
+        execution_id = attempt.envelope.execution_id
+        worker, epoch = self._membership.credentials()
+        if execution_id is not None:
+            try:
+                await self._store.reserve_execution(
+                    caller.agent,
+                    execution_id,
+                    attempt.binding,
+                    call_id=attempt.call_id,
+                    worker=worker,
+                    epoch=epoch,
+                )
+            except ExecutionCollision as exc:
+                await self._audit_refusal(scope, attempt, exc, event=AuditEvent.COLLISION)
+                raise
+            except ExecutionReplay as exc:
+                await self._audit_refusal(
+                    scope, attempt, exc, event=AuditEvent.REPLAY, outcome=exc.data.get("earlier_outcome")
+                )
+                raise
+            except ExecutionInFlight as exc:
+                await self._audit_refusal(scope, attempt, exc)
+                raise
+            except StoreError as exc:
+                self._health.failed(exc)
+                raise
+        await self._record(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
+
+        # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
+        upstream = self._fleet.upstreams[entry.server]
+        if execution_id is not None:
+            if not upstream.health().connected:
+                await self._release(caller, attempt, scope)
+                raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
+            try:
+                await self._store.mark_invoking(caller.agent, execution_id, worker=worker, epoch=epoch)
+            except StoreError as exc:
+                self._health.failed(exc)
+                raise
+        await self._record(scope, attempt, AuditEvent.INVOKING)
         ctx = CallContext(
             relay=caller.relay,
             client_capabilities=caller.client_capabilities,
@@ -85,20 +219,123 @@ class ToolCallPath:
             log_level=caller.log_level,
             client_answers_requests=caller.transport_session is not None,
         )
-        result = await self._fleet.upstreams[entry.server].call("tools/call", upstream_params, ctx)
-        # (8) Outcome: the durable terminal record and the audit entry arrive with issue #3.
-        return result
+        try:
+            result = await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
+        except UpstreamReplied as exc:
+            await self._finish(caller, attempt, scope, ExecutionState.FAILED, reason="upstream_error")
+            raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
+        except UpstreamError as exc:
+            state = ExecutionState.OUTCOME_UNKNOWN if exc.may_have_acted else ExecutionState.FAILED
+            await self._finish(caller, attempt, scope, state, reason=exc.reason.value)
+            raise
+        except anyio.get_cancelled_exc_class():
+            # Cancelled after send (client cancel, closed stream, revocation): the upstream may have acted.
+            with anyio.CancelScope(shield=True):
+                await self._finish(caller, attempt, scope, ExecutionState.OUTCOME_UNKNOWN, reason="cancelled")
+            raise
+
+        # (8) Outcome: durable terminal state, then its audit entry, then the answer.
+        state = ExecutionState.FAILED if result.get("isError") is True else ExecutionState.COMPLETED
+        await self._finish(caller, attempt, scope, state, reason=None, result_digest=digest_json(result))
+        meta = dict(result.get("_meta") or {})
+        meta[RECEIPT_META_KEY] = self._receipt(scope, attempt)
+        return {**result, "_meta": meta}
+
+    # ------------------------------------------------------------------ durable steps
+
+    async def _finish(
+        self,
+        caller: Caller,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+        state: ExecutionState,
+        *,
+        reason: str | None,
+        result_digest: str | None = None,
+    ) -> None:
+        execution_id = attempt.envelope.execution_id
+        if execution_id is not None:
+            worker, epoch = self._membership.credentials()
+            try:
+                await self._store.record_outcome(
+                    caller.agent, execution_id, state, worker=worker, epoch=epoch
+                )
+            except StoreError as exc:
+                # Not durable: the row stays invoking (refused forever), never terminal by guess.
+                fields = {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value}
+                self._health.failed(exc, owed=lambda: scope.record(AuditEvent.REFUSED, **fields))
+                raise NotDurable(
+                    "The outcome could not be made durable; this execution_id stays refused",
+                    observed_outcome=state.value,
+                    execution_id=execution_id,
+                ) from exc
+        detail = {"result_digest": result_digest} if result_digest else None
+        await self._record(
+            scope, attempt, AuditEvent(state.value), outcome=state.value, reason=reason, detail=detail
+        )
+
+    async def _release(self, caller: Caller, attempt: _Attempt, scope: EvidenceScope) -> None:
+        assert attempt.envelope.execution_id is not None
+        worker, epoch = self._membership.credentials()
+        try:
+            await self._store.release_execution(
+                caller.agent, attempt.envelope.execution_id, worker=worker, epoch=epoch
+            )
+        except StoreError as exc:
+            self._health.failed(exc)
+            raise
+        await self._record(scope, attempt, AuditEvent.RELEASED, outcome=ExecutionState.RELEASED.value)
+
+    async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
+        fields = {**attempt.fields(), **extra}
+        try:
+            attempt.last = await scope.record(event, **fields)
+        except StoreError as exc:
+            self._health.failed(exc, owed=lambda: scope.record(event, **fields))
+            raise NotDurable("The audit entry could not be made durable") from exc
+
+    async def _audit_refusal(
+        self,
+        scope: EvidenceScope,
+        attempt: _Attempt,
+        exc: BastionError,
+        *,
+        event: AuditEvent = AuditEvent.REFUSED,
+        outcome: str | None = None,
+    ) -> None:
+        exc.data["audited"] = True
+        with contextlib.suppress(NotDurable):  # owed to the audit; the refusal itself stands
+            await self._record(
+                scope, attempt, event, decision=Decision.DENY.value, reason=exc.reason.value, outcome=outcome
+            )
+
+    def _receipt(self, scope: EvidenceScope, attempt: _Attempt) -> dict[str, Any]:
+        return {
+            "evidence_session_id": scope.session_id,
+            "call_id": attempt.call_id,
+            "execution_id": attempt.envelope.execution_id,
+            "entry_hash": attempt.last.hash if attempt.last else None,
+        }
 
     @staticmethod
     def _upstream_params(
         entry: ToolEntry, params: dict[str, Any], arguments: dict[str, Any]
     ) -> dict[str, Any]:
-        out = strip_reserved_meta(
-            {k: v for k, v in params.items() if k not in ("name", "arguments", "_cmcp")}
-        )
+        out = strip_reserved_meta({k: v for k, v in params.items() if k not in ("name", "arguments")})
         out["name"] = entry.upstream_name
         out["arguments"] = arguments
         return out
+
+
+def _with_receipt_meta(exc: UpstreamReplied, receipt: dict[str, Any]) -> UpstreamReplied:
+    error = dict(exc.error)
+    data = error.get("data")
+    error["data"] = (
+        {**data, "receipt": receipt}
+        if isinstance(data, dict)
+        else {"upstream_data": data, "receipt": receipt}
+    )
+    return UpstreamReplied(error)
 
 
 def _progress_token(params: dict[str, Any]) -> str | int | None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bastion.audit.scope import EvidenceScope
 from bastion.ids import AgentId
 from bastion.session.state import TransportSession
 from bastion.upstream.base import CallRelay
@@ -28,4 +29,5 @@ class Caller:
     client_capabilities: Mapping[str, Any]
     transport_session: TransportSession | None  # None in the sessionless era
     relay: CallRelay | None
+    evidence: EvidenceScope
     log_level: str | None = None

@@ -1,42 +1,106 @@
-"""One gateway process: the snapshot in force, the upstream fleet, the live transport sessions.
+"""One gateway process: the snapshot in force, the store, the upstream fleet, the live transport sessions.
 
 Owns start-up and shutdown order, closing a transport session (its upstream
-sessions with it), expiring idle sessions, fanning ``tools/list_changed``
-out to the sessions that see a namespace, and the readiness report. It holds
-no process-global state: two :class:`Gateway` objects in one process are two
-replicas.
+sessions and its evidence session with it), expiring idle sessions, fanning
+``tools/list_changed`` out, and the readiness report. It holds no
+process-global state: two :class:`Gateway` objects in one process, on one
+store, are two replicas.
+
+Start-up order: open the store and the signing key; register this worker and
+claim its generation (waiting out a live holder's lease); recover what a dead
+predecessor left; start the upstreams; then serve.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 
+from bastion import __version__
+from bastion.audit.chain import CloseReason
+from bastion.audit.claim import ClaimProfile, PolicyInForce
+from bastion.audit.entry import AuditEvent, Decision
+from bastion.audit.recorder import EvidenceRecorder
+from bastion.audit.scope import EvidenceScope
+from bastion.audit.tee import DEFAULT_TSM_REPORT_ROOT, ConfigfsTsm, no_attestation
 from bastion.auth.bearer import StaticBearerAuth
 from bastion.call import ToolCallPath
+from bastion.crypto.keys import Keyring
+from bastion.errors import BastionError, StaleEpoch, StoreError
+from bastion.ids import AgentId
 from bastion.methods import MethodRouter
 from bastion.policy.snapshot import Snapshot
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import TransportSession
+from bastion.store.base import Store
+from bastion.store.health import StoreHealth
+from bastion.store.sqlite import SqliteStore
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
+from bastion.workers.membership import WorkerMembership
+from bastion.workers.recovery import recover_generation
 
-__all__ = ["Gateway"]
+__all__ = ["Gateway", "RuntimeOptions"]
 
 logger = logging.getLogger(__name__)
 
 _SWEEP_INTERVAL_S = 5.0
 
 
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Process-level settings that are not policy: where state lives and how this worker is fenced."""
+
+    data_dir: Path
+    generation: str = "gateway-0"
+    lease_s: float = 10.0
+    heartbeat_s: float = 2.0
+    evidence_max_entries: int = 10_000
+    evidence_max_age_s: float = 3600.0
+    trust_domain: str = "bastion.local"
+    issuer: str = "https://bastion.local/"
+    tsm_root: Path = DEFAULT_TSM_REPORT_ROOT
+    refuse_when_store_degraded: bool = True
+    store_factory: Callable[[Store], Store] | None = None  # tests wrap the store (FaultyStore)
+
+
+class StoppedServing(BastionError):
+    """This worker was superseded; it answers nothing more."""
+
+    reason = StaleEpoch.reason
+    http_status = 503
+    jsonrpc_code = StaleEpoch.jsonrpc_code
+    default_message = "Service Unavailable: this gateway worker was superseded"
+
+
+def _build_digest() -> str:
+    """``sha256:`` over the installed package's source files: the build these claims come from."""
+    digest = hashlib.sha256(__version__.encode())
+    root = resources.files("bastion")
+    for path in sorted(Path(str(root)).rglob("*.py")):
+        digest.update(path.relative_to(Path(str(root))).as_posix().encode())
+        digest.update(path.read_bytes())
+    return "sha256:" + digest.hexdigest()
+
+
 class Gateway:
     """Everything one gateway process serves with."""
 
-    def __init__(self, snapshot: Snapshot, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, snapshot: Snapshot, options: RuntimeOptions, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._snapshot = snapshot
+        self.options = options
         self._auth = StaticBearerAuth(snapshot)
         self.registry = SessionRegistry(
             idle_timeout_s=snapshot.gateway.transport_session_idle_s,
@@ -44,10 +108,19 @@ class Gateway:
             clock=clock,
         )
         self.fleet = UpstreamFleet(snapshot, on_namespace_changed=self.broadcast_tools_changed)
-        self.call_path = ToolCallPath(self.fleet, self.snapshot)
-        self.router = MethodRouter(self.fleet, self.call_path)
+        self.health = StoreHealth(refuse_when_degraded=options.refuse_when_store_degraded)
         self.started = anyio.Event()
-        self._task_group: anyio.abc.TaskGroup | None = None
+        self.store: Store | None = None
+        self.keyring: Keyring | None = None
+        self.membership: WorkerMembership | None = None
+        self.recorder: EvidenceRecorder | None = None
+        self.call_path: ToolCallPath | None = None
+        self.router: MethodRouter | None = None
+        self._tsm = ConfigfsTsm(options.tsm_root)
+        self._tsm_reason: str | None = None
+        self._profile = ClaimProfile(
+            trust_domain=options.trust_domain, issuer=options.issuer, build_digest=_build_digest()
+        )
 
     def snapshot(self) -> Snapshot:
         return self._snapshot
@@ -55,20 +128,125 @@ class Gateway:
     def auth(self) -> StaticBearerAuth:
         return self._auth
 
+    def policy_in_force(self) -> PolicyInForce:
+        digest = hashlib.sha256(self._snapshot.version.encode()).hexdigest()
+        return PolicyInForce(bundle_hash="sha256:" + digest, version=self._snapshot.version)
+
+    def _attest(self, chain_root: str) -> dict[str, Any]:
+        if self._tsm_reason is not None:
+            return no_attestation(self._tsm_reason)
+        return self._tsm.bind_chain_root(chain_root)
+
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
-        self._task_group = task_group
+        options = self.options
+        options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        store: Store = await SqliteStore.open(options.data_dir / "bastion.db")
+        if options.store_factory is not None:
+            store = options.store_factory(store)
+        self.store = store
+        self.keyring = Keyring.open(options.data_dir)
+        if not options.tsm_root.is_dir():
+            self._tsm_reason = f"configfs-tsm is not available at {options.tsm_root}"
+            logger.warning(
+                "TEE binding unavailable; evidence sessions record attestation none",
+                extra={
+                    "reason": self._tsm_reason,
+                },
+            )
+        self.membership = WorkerMembership(
+            store,
+            options.generation,
+            lease_s=options.lease_s,
+            heartbeat_s=options.heartbeat_s,
+            clock=lambda: datetime.now(UTC),
+        )
+        took_over = await self.membership.join(config_version=self._snapshot.version)
+        self.recorder = EvidenceRecorder(
+            store,
+            self.keyring,
+            self.membership,
+            attest=self._attest,
+            profile=self._profile,
+            policy=self.policy_in_force,
+            max_entries=options.evidence_max_entries,
+            max_age_s=options.evidence_max_age_s,
+        )
+        if took_over:
+            changes, closed = await recover_generation(
+                store,
+                self.recorder,
+                self.membership,
+                self.keyring,
+                profile=self._profile,
+                policy=self.policy_in_force(),
+            )
+            logger.warning(
+                "took over generation",
+                extra={
+                    "generation": options.generation,
+                    "executions": len(changes),
+                    "chains_closed": len(closed),
+                },
+            )
+        self.call_path = ToolCallPath(
+            self.fleet, self.snapshot, store=store, membership=self.membership, health=self.health
+        )
+        self.router = MethodRouter(self.fleet, self.call_path)
         await self.fleet.start(task_group)
+        task_group.start_soon(self.membership.heartbeat_forever)
+        task_group.start_soon(self.health.watch, self._probe_store)
         task_group.start_soon(self._sweep_idle)
         self.started.set()
+
+    async def _probe_store(self) -> None:
+        assert self.store is not None and self.membership is not None and self.membership.worker is not None
+        await self.store.heartbeat(self.membership.worker, datetime.now(UTC))
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             for transport_session in list(self.registry):
                 await self.close_transport_session(transport_session, "shutdown")
             await self.fleet.aclose()
+            if self.store is not None:
+                await self.store.aclose()
+
+    def serving(self) -> None:
+        """Raises while this worker must not answer (superseded by a newer epoch)."""
+        if self.membership is not None and self.membership.superseded:
+            raise StoppedServing()
+
+    # ------------------------------------------------------------------ evidence
+
+    def evidence_for(self, agent: AgentId) -> EvidenceScope:
+        assert self.recorder is not None
+        return EvidenceScope(self.recorder, agent, policy_version=self._snapshot.version)
+
+    async def end_request_evidence(self, scope: EvidenceScope) -> None:
+        await self._close_evidence(scope, CloseReason.REQUEST_END)
+
+    async def _close_evidence(self, scope: EvidenceScope, reason: CloseReason) -> None:
+        try:
+            await scope.close(reason)
+        except StoreError as exc:
+            self.health.failed(exc, owed=lambda: scope.close(reason))
+
+    async def audit_isolation(self, agent: AgentId, cause: str) -> None:
+        scope = self.evidence_for(agent)
+        try:
+            await scope.record(
+                AuditEvent.ISOLATION_REFUSED,
+                decision=Decision.DENY.value,
+                reason="session_not_found",
+                detail={"cause": cause},
+            )
+        except StoreError as exc:
+            self.health.failed(exc)
+        await self._close_evidence(scope, CloseReason.REQUEST_END)
+
+    # ------------------------------------------------------------------ sessions
 
     async def close_transport_session(self, transport_session: TransportSession, reason: str) -> None:
-        """End one client session: cancel its calls, close only its upstream sessions."""
+        """End one client session: cancel its calls, close only its upstream sessions, issue its claim."""
         self.registry.remove(transport_session)
         for server in transport_session.upstream_sessions.servers():
             upstream_session = transport_session.upstream_sessions.get(server)
@@ -77,6 +255,8 @@ class Gateway:
                 with anyio.move_on_after(5, shield=True):
                     await upstream.close_session(upstream_session)
         transport_session.upstream_sessions.take_all()
+        with anyio.CancelScope(shield=True):
+            await self._close_evidence(transport_session.evidence, CloseReason(reason))
         logger.info("transport session closed", extra={"reason": reason, "agent": transport_session.agent})
 
     async def broadcast_tools_changed(self, namespace: str) -> None:
@@ -104,11 +284,28 @@ class Gateway:
             }
             for h in self.fleet.health()
         ]
-        ready = self.started.is_set() and all(u["connected"] for u in upstreams)
+        superseded = self.membership is not None and self.membership.superseded
+        ready = (
+            self.started.is_set()
+            and all(u["connected"] for u in upstreams)
+            and not self.health.degraded
+            and not superseded
+        )
         return ready, {
             "ready": ready,
             "policy_version": self._snapshot.version,
             "transport_sessions": len(self.registry),
             "upstreams": upstreams,
             "skipped_tools": list(self.fleet.skipped_tools),
+            "store": {
+                "degraded": self.health.degraded,
+                "reason": self.health.degraded_reason,
+                "audit_owed": len(self.health.deferred),
+            },
+            "worker": {
+                "id": self.membership.worker if self.membership else None,
+                "generation": self.options.generation,
+                "epoch": self.membership.epoch if self.membership else None,
+                "superseded": superseded,
+            },
         }

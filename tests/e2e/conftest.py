@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from bastion.app import create_app
 from bastion.auth.bearer import hash_token
-from bastion.gateway import Gateway
+from bastion.gateway import Gateway, RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
 
@@ -110,11 +110,10 @@ class RunningGateway:
         self, agent: str = "alice", *, mode: str = "legacy", **kwargs: Any
     ) -> AsyncIterator[Client]:
         """The official SDK client, authenticated as ``agent``."""
-        async with httpx2.AsyncClient(
-            headers={"Authorization": f"Bearer {TOKENS[agent]}"}, timeout=30
-        ) as http, Client(
-            streamable_http_client(self.url, http_client=http), mode=mode, **kwargs
-        ) as client:
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKENS[agent]}"}, timeout=30) as http,
+            Client(streamable_http_client(self.url, http_client=http), mode=mode, **kwargs) as client,
+        ):
             yield client
 
     def raw(self) -> httpx.AsyncClient:
@@ -126,7 +125,7 @@ async def running_gateway(tmp_path: Path, tools_upstream: Upstream) -> AsyncIter
     snapshot = snapshot_from_mapping(
         gateway_config(tmp_path, tools_upstream.url), source=None, version="test"
     )
-    app = create_app(snapshot)
+    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))
     async with serve_on_loopback(app) as url:
         yield RunningGateway(url, app.state.gateway, tmp_path)
 

@@ -10,6 +10,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CreateMessageResult, ElicitResult, TextContent
 
 from bastion.app import create_app
+from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import RunningGateway, Upstream, gateway_config
@@ -37,7 +38,9 @@ async def test_elicitation_and_sampling_reach_the_caller(
 ) -> None:
     """Elicitation and sampling asked by an HTTP upstream (either era) are answered by the calling client."""
     config = gateway_config(tmp_path, tools_upstream.url, era=era)
-    app = create_app(snapshot_from_mapping(config, source=None, version="t"))
+    app = create_app(
+        snapshot_from_mapping(config, source=None, version="t"), RuntimeOptions(data_dir=tmp_path / "data")
+    )
     async with serve_on_loopback(app) as url:
         gateway = RunningGateway(url, app.state.gateway, tmp_path)
         async with gateway.client(

@@ -10,6 +10,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from bastion.app import create_app
+from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.stdio import StdioUpstream
@@ -52,7 +53,7 @@ async def test_http_upstream_dies_mid_call(tmp_path: Path, fresh_tools_upstream:
     snapshot = snapshot_from_mapping(
         gateway_config(tmp_path, fresh_tools_upstream.url), source=None, version="t"
     )
-    app = create_app(snapshot)
+    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))
     async with serve_on_loopback(app) as url:
         gateway = RunningGateway(url, app.state.gateway, tmp_path)
         async with gateway.client() as client:
@@ -70,9 +71,11 @@ async def test_http_upstream_dies_mid_call(tmp_path: Path, fresh_tools_upstream:
 async def test_session_era_upstream_404_reinitializes_transparently(
     tmp_path: Path, tools_upstream: Upstream
 ) -> None:
-    """When the upstream forgets a client's upstream session, the gateway re-initializes; the call succeeds."""
+    """When the upstream forgets a client's upstream session, the gateway re-initializes; calls succeed."""
     config = gateway_config(tmp_path, tools_upstream.url, era="session")
-    app = create_app(snapshot_from_mapping(config, source=None, version="t"))
+    app = create_app(
+        snapshot_from_mapping(config, source=None, version="t"), RuntimeOptions(data_dir=tmp_path / "data")
+    )
     async with serve_on_loopback(app) as url:
         gateway = RunningGateway(url, app.state.gateway, tmp_path)
         async with gateway.client() as client, gateway.client("bob") as bob:
@@ -105,7 +108,9 @@ async def test_session_era_upstream_404_reinitializes_transparently(
 async def test_hanging_upstream_is_bounded_by_the_timeout(tmp_path: Path, tools_upstream: Upstream) -> None:
     """A call that never returns ends with upstream_timeout at the configured bound; the gateway stays up."""
     config = gateway_config(tmp_path, tools_upstream.url, timeout_s=1.0)
-    app = create_app(snapshot_from_mapping(config, source=None, version="t"))
+    app = create_app(
+        snapshot_from_mapping(config, source=None, version="t"), RuntimeOptions(data_dir=tmp_path / "data")
+    )
     async with serve_on_loopback(app) as url:
         gateway = RunningGateway(url, app.state.gateway, tmp_path)
         for mode in ("legacy", "auto"):
@@ -122,7 +127,9 @@ async def test_session_delete_closes_only_its_upstream_sessions(
 ) -> None:
     """Ending one client session closes its upstream session and leaves another client's in use."""
     config = gateway_config(tmp_path, tools_upstream.url, era="session")
-    app = create_app(snapshot_from_mapping(config, source=None, version="t"))
+    app = create_app(
+        snapshot_from_mapping(config, source=None, version="t"), RuntimeOptions(data_dir=tmp_path / "data")
+    )
     async with serve_on_loopback(app) as url:
         gateway = RunningGateway(url, app.state.gateway, tmp_path)
         async with gateway.client("bob") as bob:

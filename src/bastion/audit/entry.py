@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import rfc8785
+from bastion.crypto.jcs import canonical_json
 
 __all__ = [
     "ENTRY_FIELDS",
@@ -116,13 +116,13 @@ ENTRY_FIELDS: tuple[str, ...] = tuple(AuditEntry.__dataclass_fields__)
 def compute_hash(prev: str, body: dict[str, Any]) -> str:
     """``SHA-256(bytes.fromhex(prev) || JCS(body))`` as lowercase hex."""
     h = hashlib.sha256(bytes.fromhex(prev))
-    h.update(rfc8785.dumps(body))
+    h.update(canonical_json(body))
     return h.hexdigest()
 
 
 def digest_json(value: Any) -> str:
     """``sha256:<hex>`` of the RFC 8785 canonical JSON of ``value`` (arguments, results)."""
-    return "sha256:" + hashlib.sha256(rfc8785.dumps(value)).hexdigest()
+    return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
 
 
 def format_ts(moment: datetime) -> str:

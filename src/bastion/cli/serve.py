@@ -17,6 +17,7 @@ import uvicorn
 from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.errors import ConfigError
+from bastion.gateway import RuntimeOptions
 from bastion.logs import configure_logging
 from bastion.policy.load import load_snapshot, snapshot_from_mapping
 from bastion.policy.snapshot import Snapshot
@@ -44,7 +45,7 @@ def run_serve(config: Path | None, host: str, port: int, data_dir: Path, log_lev
         _stop(demo_upstream)
         return 2
     try:
-        anyio.run(_serve, snapshot, host, port, token_note)
+        anyio.run(_serve, snapshot, host, port, data_dir, token_note)
     except KeyboardInterrupt:
         pass
     finally:
@@ -52,8 +53,8 @@ def run_serve(config: Path | None, host: str, port: int, data_dir: Path, log_lev
     return 0
 
 
-async def _serve(snapshot: Snapshot, host: str, port: int, token_note: Path | None) -> None:
-    app = create_app(snapshot)
+async def _serve(snapshot: Snapshot, host: str, port: int, data_dir: Path, token_note: Path | None) -> None:
+    app = create_app(snapshot, RuntimeOptions(data_dir=data_dir))
     server = uvicorn.Server(
         uvicorn.Config(
             app,

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from bastion.audit.scope import EvidenceScope
 from bastion.errors import SessionNotFound
 from bastion.ids import AgentId, TransportSessionId, new_transport_session_id
 from bastion.session.state import TransportSession
@@ -49,6 +50,7 @@ class SessionRegistry:
         protocol_version: str,
         client_capabilities: Mapping[str, Any],
         client_info: Mapping[str, Any],
+        evidence: EvidenceScope,
     ) -> TransportSession:
         """Mint a new session for ``agent``; ids are random and never reused."""
         session_id = self._mint_id()
@@ -63,6 +65,7 @@ class SessionRegistry:
             client_info=dict(client_info),
             created_at=now,
             last_seen=now,
+            evidence=evidence,
         )
         self._sessions[session_id] = transport_session
         return transport_session

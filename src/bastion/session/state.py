@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 
+from bastion.audit.scope import EvidenceScope
 from bastion.ids import AgentId, TransportSessionId
 from bastion.upstream.base import UpstreamSessions
 
@@ -106,6 +107,7 @@ class TransportSession:
     client_info: Mapping[str, Any]
     created_at: float
     last_seen: float
+    evidence: EvidenceScope
     upstream_sessions: UpstreamSessions = field(default_factory=UpstreamSessions)
     in_flight: dict[RequestId, InFlightCall] = field(default_factory=dict)
     client_requests: dict[str, PendingClientRequest] = field(default_factory=dict)

@@ -20,7 +20,13 @@ __all__ = ["serve_on_loopback"]
 async def serve_on_loopback(app: Starlette, *, startup_timeout_s: float = 30.0) -> AsyncIterator[str]:
     """Serve ``app`` on 127.0.0.1 (a free port); yields the ``/mcp`` URL, stops on exit."""
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=2
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=2,
     )
     server = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:

@@ -19,6 +19,7 @@ This module renders errors; it never decides policy.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,6 +29,7 @@ from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, classify_inbound_request
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
+from bastion.audit.scope import EvidenceScope
 from bastion.auth.bearer import StaticBearerAuth
 from bastion.caller import Caller
 from bastion.errors import (
@@ -42,6 +44,7 @@ from bastion.errors import (
     ProtocolVersionMismatch,
     RequestRejected,
     SessionIdMissing,
+    SessionNotFound,
     TooManySessions,
     UnsupportedMediaType,
     UnsupportedProtocolVersion,
@@ -91,12 +94,20 @@ class FrontDoor:
         registry: SessionRegistry,
         router: MethodRouter,
         close_session: SessionClosed,
+        evidence_for: Callable[[AgentId], EvidenceScope],
+        end_request_evidence: Callable[[EvidenceScope], Awaitable[None]],
+        audit_isolation: Callable[[AgentId, str], Awaitable[None]],
+        serving: Callable[[], None],
     ) -> None:
         self._snapshot = snapshot
         self._auth = auth
         self._registry = registry
         self._router = router
         self._close_session = close_session
+        self._evidence_for = evidence_for
+        self._end_request_evidence = end_request_evidence
+        self._audit_isolation = audit_isolation
+        self._serving = serving
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope)
@@ -107,6 +118,7 @@ class FrontDoor:
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
         # (1) method, origin, credential
+        self._serving()  # a superseded worker stops serving (raises)
         method = scope["method"]
         if method not in ("POST", "GET", "DELETE"):
             raise MethodNotAllowed()
@@ -121,7 +133,7 @@ class FrontDoor:
             return
         if version_header in MODERN_VERSIONS:
             raise MethodNotAllowed("Method Not Allowed: the sessionless era has no GET stream or DELETE")
-        transport_session = self._session_for(headers, agent)
+        transport_session = await self._session_for(headers, agent)
         if method == "DELETE":
             await self._close_session(transport_session, "client_delete")
             await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -157,7 +169,7 @@ class FrontDoor:
             raise UnsupportedProtocolVersion(
                 supported=[*HANDSHAKE_VERSIONS, *MODERN_VERSIONS], requested=version_header
             )
-        transport_session = self._session_for(headers, agent)
+        transport_session = await self._session_for(headers, agent)
         if (version_header or DEFAULT_HANDSHAKE_VERSION) != transport_session.protocol_version:
             raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
         if isinstance(message, Notification):
@@ -181,6 +193,7 @@ class FrontDoor:
             client_capabilities=transport_session.client_capabilities,
             transport_session=transport_session,
             relay=None,
+            evidence=transport_session.evidence,
             log_level=transport_session.log_level,
         )
         await self._answer(receive, send, caller, message, sse_allowed, cancel_on_disconnect=False)
@@ -216,14 +229,21 @@ class FrontDoor:
             await _reject(send, error, message.id, status=ERROR_CODE_HTTP_STATUS.get(code, 400))
             return
         capabilities = getattr(verdict, "client_capabilities", None)
+        # One evidence session per sessionless request, closed (claim issued) when the request ends.
+        evidence = self._evidence_for(agent)
         caller = Caller(
             agent=agent,
             protocol_version=getattr(verdict, "protocol_version", MODERN_VERSIONS[-1]),
             client_capabilities=capabilities if isinstance(capabilities, dict) else {},
             transport_session=None,
             relay=None,
+            evidence=evidence,
         )
-        await self._answer(receive, send, caller, message, sse_allowed, cancel_on_disconnect=True)
+        try:
+            await self._answer(receive, send, caller, message, sse_allowed, cancel_on_disconnect=True)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._end_request_evidence(evidence)
 
     async def _answer(
         self,
@@ -238,14 +258,7 @@ class FrontDoor:
         """Dispatch one request and write its answer to its own channel only."""
         channel = ResponseChannel(send, sse_allowed=sse_allowed)
         transport_session = caller.transport_session
-        caller = Caller(
-            agent=caller.agent,
-            protocol_version=caller.protocol_version,
-            client_capabilities=caller.client_capabilities,
-            transport_session=transport_session,
-            relay=StreamRelay(channel, transport_session),
-            log_level=caller.log_level,
-        )
+        caller = dataclasses.replace(caller, relay=StreamRelay(channel, transport_session))
         sessionless = transport_session is None
         async with anyio.create_task_group() as tg:
             with anyio.CancelScope() as call_scope:
@@ -292,11 +305,17 @@ class FrontDoor:
 
     # ------------------------------------------------------------------ session era
 
-    def _session_for(self, headers: Headers, agent: AgentId) -> TransportSession:
+    async def _session_for(self, headers: Headers, agent: AgentId) -> TransportSession:
         session_id = headers.get("mcp-session-id")
         if not session_id:
             raise SessionIdMissing()
-        return self._registry.get(session_id, agent)
+        try:
+            return self._registry.get(session_id, agent)
+        except SessionNotFound as exc:
+            if exc.cause == "foreign":
+                # Another principal's session id: refused as unknown, and the attempt is audited.
+                await self._audit_isolation(agent, "foreign_session_id")
+            raise
 
     async def _initialize(self, send: Send, request: Request, agent: AgentId) -> None:
         params = request.params
@@ -316,7 +335,9 @@ class FrontDoor:
         if self._registry.at_capacity():
             raise TooManySessions()
         negotiated = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
-        transport_session = self._registry.create(agent, negotiated, capabilities, client_info)
+        transport_session = self._registry.create(
+            agent, negotiated, capabilities, client_info, self._evidence_for(agent)
+        )
         result = {
             "protocolVersion": negotiated,
             "capabilities": SERVER_CAPABILITIES,

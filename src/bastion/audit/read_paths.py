@@ -1,0 +1,98 @@
+"""Read paths for evidence (DESIGN section 4): the TRACE claim and the JSON Lines export of one session.
+
+Only the agent that owns the evidence session, or an auditor credential,
+may read it; anyone else gets the same 404 as for a session that does not
+exist. Exports stream page by page, so memory stays flat in chain length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from bastion.audit.export import claim_bytes, entry_line
+from bastion.auth.bearer import StaticBearerAuth
+from bastion.errors import BastionError, SessionNotFound, Unauthenticated
+from bastion.ids import EvidenceSessionId
+from bastion.store.base import Store
+
+__all__ = ["EvidenceReadPaths"]
+
+_PAGE = 1000
+
+
+class EvidenceReadPaths:
+    def __init__(
+        self,
+        store: Callable[[], Store],
+        auth: Callable[[], StaticBearerAuth],
+        auditor_token_hashes: frozenset[str],
+    ) -> None:
+        self._store = store
+        self._auth = auth
+        self._auditors = auditor_token_hashes
+
+    async def _authorize(self, request: Request, session_id: str) -> None:
+        """Return if the caller may read ``session_id``; raise the typed error otherwise."""
+        header = request.headers.get("authorization")
+        scheme, _, token = (header or "").partition(" ")
+        if (
+            scheme.lower() == "bearer"
+            and hashlib.sha256(token.strip().encode()).hexdigest() in self._auditors
+        ):
+            chain = await self._store().get_chain(EvidenceSessionId(session_id))
+            if chain is None:
+                raise SessionNotFound()
+            return
+        agent = self._auth().authenticate(header, request.url.query.encode())
+        chain = await self._store().get_chain(EvidenceSessionId(session_id))
+        if chain is None or chain.agent != agent:
+            raise SessionNotFound(cause="foreign" if chain is not None else "unknown")
+
+    async def trace_claim(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        try:
+            await self._authorize(request, session_id)
+        except BastionError as exc:
+            return _error(exc)
+        claim = await self._store().get_claim(EvidenceSessionId(session_id))
+        if claim is None:
+            return JSONResponse(
+                {"error": {"reason": "claim_not_issued", "message": "the evidence session is still open"}},
+                status_code=404,
+            )
+        # Byte-exact RFC 8785 + newline, as `bastion verify` expects a claim file to be.
+        return Response(claim_bytes(claim), media_type="application/json")
+
+    async def export(self, request: Request) -> Response:
+        session_id = request.query_params.get("session_id", "")
+        try:
+            if not session_id:
+                raise SessionNotFound("session_id is required")
+            await self._authorize(request, session_id)
+        except BastionError as exc:
+            return _error(exc)
+        store = self._store()
+
+        async def lines() -> AsyncIterator[bytes]:
+            start = 0
+            while True:
+                page = await store.read_chain(EvidenceSessionId(session_id), start_seq=start, limit=_PAGE)
+                for entry in page:
+                    yield entry_line(entry)
+                if len(page) < _PAGE:
+                    return
+                start = page[-1].seq + 1
+
+        return StreamingResponse(lines(), media_type="application/jsonl")
+
+
+def _error(exc: BastionError) -> Response:
+    status = exc.http_status if isinstance(exc, Unauthenticated) else 404
+    headers = {"www-authenticate": 'Bearer realm="bastion"'} if status == 401 else None
+    return JSONResponse(
+        {"error": {"reason": exc.reason.value, "message": exc.message}}, status_code=status, headers=headers
+    )

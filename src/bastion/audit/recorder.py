@@ -1,0 +1,250 @@
+"""Evidence sessions at run time: open, append, rotate, close with a TRACE claim (DESIGN sections 1 and 4).
+
+An :class:`EvidenceSession` is one audit chain scoped to a session-era
+transport session, or to one sessionless request. Opening writes the genesis
+entry (seq 0, committing to the signing key id, the session, the agent and a
+nonce) and the attestation entry (seq 1: the chain root bound into TEE
+``report_data`` where configfs-tsm exists, else ``kind: none`` with the
+reason). Appends go through the store, which reads the head and writes the
+next link in one transaction, so concurrent calls never fork a chain.
+Before an append, a session past its entry or age bound is rotated: closed
+(reason ``rotation``, claim issued) and replaced by a fresh chain, so every
+claim is bounded and prompt. Closing appends the close entry and closes the
+chain in one transaction, then issues and stores the signed claim.
+
+Every write carries this worker's ``(worker, epoch)``: a superseded worker
+writes nothing (``StaleEpoch``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+
+from bastion.audit.chain import ChainSummary, CloseReason, attestation_entry, make_genesis
+from bastion.audit.claim import ClaimProfile, PolicyInForce, issue_claim
+from bastion.audit.entry import AuditEntry, AuditEvent, format_ts
+from bastion.crypto.keys import Keyring
+from bastion.ids import AgentId, EvidenceSessionId, new_evidence_session_id
+from bastion.store.base import Store
+from bastion.workers.membership import WorkerMembership
+
+__all__ = ["Attestor", "EvidenceRecorder", "EvidenceSession"]
+
+logger = logging.getLogger(__name__)
+
+Attestor = Callable[[str], dict[str, Any]]
+
+
+@dataclass(eq=False)
+class EvidenceSession:
+    """The live chain of one evidence scope; rotation swaps the chain behind the same handle."""
+
+    agent: AgentId
+    session_id: EvidenceSessionId
+    genesis: AuditEntry
+    attestation: AuditEntry
+    opened_at: float
+    entries: int = 2
+    closed: bool = False
+    claim: dict[str, Any] | None = None
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+
+class EvidenceRecorder:
+    """Writes the audit chains of one gateway process."""
+
+    def __init__(
+        self,
+        store: Store,
+        keyring: Keyring,
+        membership: WorkerMembership,
+        *,
+        attest: Attestor,
+        profile: ClaimProfile,
+        policy: Callable[[], PolicyInForce],
+        max_entries: int = 10_000,
+        max_age_s: float = 3600.0,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._keyring = keyring
+        self._membership = membership
+        self._attest = attest
+        self._profile = profile
+        self._policy = policy
+        self._max_entries = max_entries
+        self._max_age_s = max_age_s
+        self._now = wall_clock
+        self._monotonic = monotonic
+
+    # ------------------------------------------------------------------ open / close
+
+    async def open(self, agent: AgentId, *, policy_version: str | None = None) -> EvidenceSession:
+        """Open a new chain for ``agent``. Raises ``StoreError`` (incl. ``StaleEpoch``, ``NotDurable``)."""
+        session_id, genesis, attestation = await self._open_chain(agent, policy_version)
+        return EvidenceSession(agent, session_id, genesis, attestation, self._monotonic())
+
+    async def _open_chain(
+        self, agent: AgentId, policy_version: str | None
+    ) -> tuple[EvidenceSessionId, AuditEntry, AuditEntry]:
+        worker, epoch = self._membership.credentials()
+        session_id = new_evidence_session_id()
+        genesis = make_genesis(
+            session_id=session_id,
+            agent=agent,
+            key_id=self._keyring.key_id,
+            at=self._now(),
+            policy_version=policy_version,
+            worker=worker,
+            epoch=epoch,
+        )
+        assert genesis.hash is not None
+        await self._store.open_chain(session_id, genesis, worker=worker, epoch=epoch)
+        record = self._attest(genesis.hash)
+        attestation = attestation_entry(genesis, record, at=self._now(), worker=worker, epoch=epoch)
+        stored = await self._store.append_entry(
+            session_id, lambda seq, prev: attestation, worker=worker, epoch=epoch
+        )
+        return session_id, genesis, stored
+
+    async def close(self, evidence: EvidenceSession, reason: CloseReason) -> dict[str, Any] | None:
+        """Close the chain with ``reason`` and store its signed claim; idempotent."""
+        async with evidence.lock:
+            if evidence.closed:
+                return evidence.claim
+            evidence.claim = await self._close_chain(evidence, reason)
+            evidence.closed = True
+            return evidence.claim
+
+    async def _close_chain(self, evidence: EvidenceSession, reason: CloseReason) -> dict[str, Any]:
+        worker, epoch = self._membership.credentials()
+        built: list[AuditEntry] = []
+
+        def final(seq: int, prev: str) -> AuditEntry:
+            entry = _entry(
+                seq,
+                prev,
+                evidence.session_id,
+                evidence.agent,
+                AuditEvent.SESSION_CLOSE,
+                self._now(),
+                worker=worker,
+                epoch=epoch,
+                detail={"close_reason": CloseReason(reason).value},
+            )
+            built.append(entry)
+            return entry
+
+        await self._store.close_chain(evidence.session_id, worker=worker, epoch=epoch, final=final)
+        summary = ChainSummary.of(evidence.genesis, evidence.attestation, built[-1])
+        claim = issue_claim(
+            summary,
+            profile=self._profile,
+            policy=self._policy(),
+            keyring=self._keyring,
+            issued_at=self._now(),
+        )
+        await self._store.store_claim(evidence.session_id, claim, worker=worker, epoch=epoch)
+        return claim
+
+    # ------------------------------------------------------------------ append
+
+    async def append(self, evidence: EvidenceSession, event: AuditEvent, **fields: Any) -> AuditEntry:
+        """Append one entry (rotating first when the chain reached its bound); returns it sealed.
+
+        ``fields`` are the entry's call fields (``call_id``, ``execution_id``, ``server``, ...).
+        Raises ``StoreError`` and never writes a partial entry.
+        """
+        async with evidence.lock:
+            if evidence.closed:
+                raise RuntimeError("evidence session is closed")
+            if (
+                evidence.entries >= self._max_entries
+                or self._monotonic() - evidence.opened_at >= self._max_age_s
+            ):
+                await self._rotate(evidence)
+            worker, epoch = self._membership.credentials()
+            at = self._now()
+
+            def build(seq: int, prev: str) -> AuditEntry:
+                return _entry(
+                    seq,
+                    prev,
+                    evidence.session_id,
+                    evidence.agent,
+                    event,
+                    at,
+                    worker=worker,
+                    epoch=epoch,
+                    **fields,
+                )
+
+            entry = await self._store.append_entry(evidence.session_id, build, worker=worker, epoch=epoch)
+            evidence.entries += 1
+            return entry
+
+    async def _rotate(self, evidence: EvidenceSession) -> None:
+        previous = evidence.session_id
+        await self._close_chain(evidence, CloseReason.ROTATION)
+        session_id, genesis, attestation = await self._open_chain(
+            evidence.agent, evidence.genesis.policy_version
+        )
+        evidence.session_id, evidence.genesis, evidence.attestation = session_id, genesis, attestation
+        evidence.opened_at = self._monotonic()
+        evidence.entries = 2
+        logger.info("evidence session rotated", extra={"previous": previous, "current": session_id})
+
+
+def _entry(
+    seq: int,
+    prev: str,
+    session_id: str,
+    agent: str,
+    event: AuditEvent,
+    at: datetime,
+    *,
+    worker: str | None,
+    epoch: int | None,
+    call_id: str | None = None,
+    workflow_id: str | None = None,
+    execution_id: str | None = None,
+    server: str | None = None,
+    tool: str | None = None,
+    args_digest: str | None = None,
+    binding: str | None = None,
+    decision: str | None = None,
+    reason: str | None = None,
+    outcome: str | None = None,
+    policy_version: str | None = None,
+    detail: dict[str, Any] | None = None,
+) -> AuditEntry:
+    return AuditEntry(
+        seq=seq,
+        ts=format_ts(at),
+        session_id=session_id,
+        call_id=call_id,
+        workflow_id=workflow_id,
+        execution_id=execution_id,
+        agent=agent,
+        event=AuditEvent(event).value,
+        server=server,
+        tool=tool,
+        args_digest=args_digest,
+        binding=binding,
+        decision=decision,
+        reason=reason,
+        outcome=outcome,
+        policy_version=policy_version,
+        worker=worker,
+        epoch=epoch,
+        detail=detail,
+        prev=prev,
+    ).seal()

@@ -1,0 +1,46 @@
+"""The evidence scope of one client context: a transport session, or one sessionless request.
+
+Opens its evidence session on the first entry (idle transport sessions cost
+no writes) and closes it, with its claim, when the scope ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from bastion.audit.chain import CloseReason
+from bastion.audit.entry import AuditEntry, AuditEvent
+from bastion.audit.recorder import EvidenceRecorder, EvidenceSession
+from bastion.ids import AgentId
+
+__all__ = ["EvidenceScope"]
+
+
+class EvidenceScope:
+    def __init__(self, recorder: EvidenceRecorder, agent: AgentId, *, policy_version: str | None) -> None:
+        self._recorder = recorder
+        self.agent = agent
+        self._policy_version = policy_version
+        self._evidence: EvidenceSession | None = None
+        self._opening = anyio.Lock()
+        self.closed = False
+
+    @property
+    def session_id(self) -> str | None:
+        return None if self._evidence is None else self._evidence.session_id
+
+    async def record(self, event: AuditEvent, **fields: Any) -> AuditEntry:
+        """Append one entry to this scope's chain, opening it first if needed."""
+        async with self._opening:
+            if self._evidence is None:
+                self._evidence = await self._recorder.open(self.agent, policy_version=self._policy_version)
+        return await self._recorder.append(self._evidence, event, **fields)
+
+    async def close(self, reason: CloseReason) -> dict[str, Any] | None:
+        """Close the chain (if one was opened) and return its claim."""
+        self.closed = True
+        if self._evidence is None:
+            return None
+        return await self._recorder.close(self._evidence, reason)

@@ -1,0 +1,359 @@
+"""The gateway's Ed25519 signing key and the public keys that verify its claims (DESIGN section 4).
+
+This is the hazmat boundary (STYLE "crypto/"): key bytes live here and in
+``sign.py`` only. Everything else holds a :class:`Keyring` (which can sign
+through :func:`bastion.crypto.sign.sign_claim`) or a :class:`VerifyingKey`
+(which can only verify), and names keys by their key id.
+
+Layout of the data directory::
+
+    <data_dir>/keys/             mode 0700
+        signing.pem              the active private key, PKCS#8 PEM, mode 0600
+        public/<key_id>.pem      every public key this gateway ever signed with
+
+A key id is the RFC 7638 JWK thumbprint of the public key (base64url SHA-256,
+no padding), so anyone holding the public key can recompute it. Rotation
+writes a new private key over the old one (the old private key is gone) and
+keeps the old public key under ``public/``, so claims signed before the
+rotation still verify.
+
+Fail closed: a signing key file readable by group or others, a symlink, or a
+key that is not Ed25519 is refused with :class:`KeyringError`; the gateway
+never falls back to an ephemeral key.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from bastion.crypto.jcs import canonical_json
+
+__all__ = [
+    "Keyring",
+    "KeyringError",
+    "UnknownKeyId",
+    "VerifyingKey",
+    "b64url_decode",
+    "b64url_encode",
+]
+
+_KEY_DIR = "keys"
+_SIGNING_FILE = "signing.pem"
+_PUBLIC_DIR = "public"
+_KEY_ID_RE = re.compile(r"[A-Za-z0-9_-]{43}")
+_B64URL_RE = re.compile(r"[A-Za-z0-9_-]*")
+
+
+class KeyringError(Exception):
+    """A key file or key material that cannot be used; the message names the file and the defect."""
+
+
+class UnknownKeyId(KeyringError):
+    """No public key with this key id is kept in the data directory."""
+
+
+def b64url_encode(data: bytes) -> str:
+    """Unpadded base64url (RFC 7515 section 2)."""
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def b64url_decode(text: str) -> bytes:
+    """Decode unpadded base64url, accepting exactly one spelling of each byte string.
+
+    Raises ``ValueError`` for padding, characters outside the alphabet, an
+    impossible length, or non-zero unused bits (a second spelling of the same
+    bytes), so that a changed character is never silently ignored.
+    """
+    if not isinstance(text, str) or not _B64URL_RE.fullmatch(text) or len(text) % 4 == 1:
+        raise ValueError("not unpadded base64url")
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except binascii.Error as exc:  # pragma: no cover - the regex and length check exclude it
+        raise ValueError(f"not base64url: {exc}") from exc
+    if b64url_encode(raw) != text:
+        raise ValueError("not the canonical base64url spelling of its bytes")
+    return raw
+
+
+def _raw_public(public: Ed25519PublicKey) -> bytes:
+    return public.public_bytes(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
+
+
+class VerifyingKey:
+    """An Ed25519 public key that can verify claims, and nothing else.
+
+    Build it with :meth:`from_pem`, :meth:`from_jwk` or :meth:`load`; each
+    raises :class:`KeyringError` for anything that is not an Ed25519 public key.
+    """
+
+    __slots__ = ("_key_id", "_public")
+
+    def __init__(self, public: Ed25519PublicKey) -> None:
+        self._public = public
+        x = b64url_encode(_raw_public(public))
+        # RFC 7638 section 3.2 (members per RFC 8037 section 2): crv, kty, x in
+        # lexicographic order, no whitespace; JCS gives exactly those bytes.
+        thumbprint_input = canonical_json({"crv": "Ed25519", "kty": "OKP", "x": x})
+        self._key_id = b64url_encode(hashlib.sha256(thumbprint_input).digest())
+
+    @property
+    def key_id(self) -> str:
+        """The RFC 7638 JWK thumbprint of this key."""
+        return self._key_id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VerifyingKey) and other._key_id == self._key_id
+
+    def __hash__(self) -> int:
+        return hash(self._key_id)
+
+    def __repr__(self) -> str:
+        return f"VerifyingKey(key_id={self._key_id!r})"
+
+    def to_pem(self) -> bytes:
+        """SubjectPublicKeyInfo PEM."""
+        return self._public.public_bytes(
+            encoding=serialization.Encoding.PEM, format=serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+
+    def to_jwk(self) -> dict[str, str]:
+        """The public JWK (RFC 8037 OKP), with ``kid`` set to the key id."""
+        x = b64url_encode(_raw_public(self._public))
+        return {"kty": "OKP", "crv": "Ed25519", "x": x, "kid": self._key_id}
+
+    @classmethod
+    def from_pem(cls, data: bytes) -> VerifyingKey:
+        """A key from SubjectPublicKeyInfo PEM; raises :class:`KeyringError`."""
+        try:
+            public = serialization.load_pem_public_key(data)
+        except (ValueError, TypeError) as exc:
+            raise KeyringError(f"not a PEM public key: {exc}") from exc
+        if not isinstance(public, Ed25519PublicKey):
+            raise KeyringError(f"not an Ed25519 public key: {type(public).__name__}")
+        return cls(public)
+
+    @classmethod
+    def from_jwk(cls, jwk: Mapping[str, Any]) -> VerifyingKey:
+        """A key from an OKP/Ed25519 JWK; raises :class:`KeyringError`.
+
+        A ``kid`` or ``alg`` member, when present, must agree with the key
+        (kid equal to its thumbprint, alg ``EdDSA``); private members are refused.
+        """
+        if not isinstance(jwk, Mapping):
+            raise KeyringError("JWK is not a JSON object")
+        if jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519":
+            raise KeyringError(f"not an Ed25519 JWK: kty={jwk.get('kty')!r} crv={jwk.get('crv')!r}")
+        if "d" in jwk:
+            raise KeyringError("JWK carries private key material ('d'); refusing it")
+        if "alg" in jwk and jwk["alg"] != "EdDSA":
+            raise KeyringError(f"JWK alg {jwk['alg']!r} is not EdDSA")
+        x = jwk.get("x")
+        if not isinstance(x, str):
+            raise KeyringError("JWK 'x' is missing or not a string")
+        try:
+            raw = b64url_decode(x)
+            public = Ed25519PublicKey.from_public_bytes(raw)
+        except ValueError as exc:
+            raise KeyringError(f"JWK 'x' is not an Ed25519 public key: {exc}") from exc
+        key = cls(public)
+        if "kid" in jwk and jwk["kid"] != key.key_id:
+            raise KeyringError(f"JWK kid {jwk['kid']!r} is not the key's thumbprint {key.key_id!r}")
+        return key
+
+    @classmethod
+    def load(cls, data: bytes) -> VerifyingKey:
+        """A key from a PEM file's bytes or a JWK JSON document's bytes; raises :class:`KeyringError`."""
+        if data.lstrip().startswith(b"-----BEGIN"):
+            return cls.from_pem(data)
+        try:
+            jwk = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise KeyringError("neither a PEM public key nor a JWK JSON document") from exc
+        return cls.from_jwk(jwk)
+
+    def _verify(self, signature: bytes, message: bytes) -> None:
+        """Raise ``cryptography``'s ``InvalidSignature`` unless valid. Package-private: see ``sign.py``."""
+        self._public.verify(signature, message)
+
+
+class Keyring:
+    """The active signing key of one data directory, plus every public key it ever used.
+
+    Open it with :meth:`open`. It signs only through
+    :func:`bastion.crypto.sign.sign_claim`; no method hands out private key bytes.
+    Rotate from one process at a time: another process holding the same data
+    directory keeps signing with the key it loaded until it reopens.
+    """
+
+    __slots__ = ("_dir", "_private", "_verifying")
+
+    def __init__(self, key_dir: Path, private: Ed25519PrivateKey) -> None:
+        self._dir = key_dir
+        self._private = private
+        self._verifying = VerifyingKey(private.public_key())
+
+    @classmethod
+    def open(cls, data_dir: Path) -> Keyring:
+        """Load the signing key under ``data_dir``, creating it (mode 0600) on first use.
+
+        Raises :class:`KeyringError` when the key directory is writable by
+        group or others, or the key file is a symlink, is not a regular file,
+        is readable or writable by group or others, or does not hold an
+        Ed25519 private key.
+        """
+        key_dir = data_dir / _KEY_DIR
+        key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mode = stat.S_IMODE(os.stat(key_dir).st_mode)
+        if mode & 0o022:
+            # Whoever can write the directory can swap the key files.
+            raise KeyringError(
+                f"key directory {key_dir} has mode {mode:04o}; it must not be group/other-writable"
+            )
+        (key_dir / _PUBLIC_DIR).mkdir(mode=0o700, exist_ok=True)
+        signing = key_dir / _SIGNING_FILE
+        if not os.path.lexists(signing):
+            _install_new_key(key_dir, replace=False)
+        keyring = cls(key_dir, _load_private(signing))
+        keyring._keep_public(keyring._verifying)
+        return keyring
+
+    @property
+    def key_id(self) -> str:
+        """The key id of the active signing key."""
+        return self._verifying.key_id
+
+    @property
+    def active(self) -> VerifyingKey:
+        """The public half of the active signing key."""
+        return self._verifying
+
+    def rotate(self) -> str:
+        """Replace the signing key with a fresh one and return its key id.
+
+        The old public key stays under ``public/`` so old claims keep verifying;
+        the old private key is overwritten. Issue the claims of sessions that
+        the old key opened (close reason ``rotation``) before rotating.
+        """
+        self._keep_public(self._verifying)
+        private = _install_new_key(self._dir, replace=True)
+        self._private = private
+        self._verifying = VerifyingKey(private.public_key())
+        self._keep_public(self._verifying)
+        return self._verifying.key_id
+
+    def verifying_key(self, key_id: str) -> VerifyingKey:
+        """The public key with this id, current or retired; raises :class:`UnknownKeyId`."""
+        if not _KEY_ID_RE.fullmatch(key_id):
+            raise UnknownKeyId(f"not a key id: {key_id!r}")
+        if key_id == self._verifying.key_id:
+            return self._verifying
+        path = self._dir / _PUBLIC_DIR / f"{key_id}.pem"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise UnknownKeyId(f"no public key {key_id!r} in {self._dir / _PUBLIC_DIR}") from None
+        key = VerifyingKey.from_pem(data)
+        if key.key_id != key_id:
+            raise KeyringError(f"{path} holds key {key.key_id!r}, not {key_id!r}")
+        return key
+
+    def verifying_keys(self) -> list[VerifyingKey]:
+        """Every public key kept in the data directory, sorted by key id."""
+        ids = sorted(p.stem for p in (self._dir / _PUBLIC_DIR).glob("*.pem"))
+        return [self.verifying_key(key_id) for key_id in ids]
+
+    def _sign(self, message: bytes) -> bytes:
+        """Ed25519 signature by the active key. Package-private: call ``sign_claim``."""
+        return self._private.sign(message)
+
+    def _keep_public(self, key: VerifyingKey) -> None:
+        path = self._dir / _PUBLIC_DIR / f"{key.key_id}.pem"
+        if not path.exists():
+            _write_file(path, key.to_pem(), mode=0o644, replace=True)
+
+
+def _load_private(path: Path) -> Ed25519PrivateKey:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise KeyringError(f"signing key {path} is missing") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+        raise KeyringError(f"signing key {path} is not a regular file")
+    if info.st_mode & 0o077:
+        raise KeyringError(
+            f"signing key {path} has mode {stat.S_IMODE(info.st_mode):04o}; it must be 0600 (owner only)"
+        )
+    try:
+        private = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (ValueError, TypeError) as exc:
+        raise KeyringError(f"signing key {path} is not a PEM private key: {exc}") from exc
+    if not isinstance(private, Ed25519PrivateKey):
+        raise KeyringError(f"signing key {path} is not an Ed25519 key: {type(private).__name__}")
+    return private
+
+
+def _install_new_key(key_dir: Path, *, replace: bool) -> Ed25519PrivateKey:
+    """Write a fresh key to ``signing.pem`` (0600) atomically; returns the key now installed.
+
+    On first use two processes may race: the loser keeps the winner's key.
+    """
+    private = Ed25519PrivateKey.generate()
+    pem = private.private_bytes(
+        encoding=serialization.Encoding.PEM,
+        format=serialization.PrivateFormat.PKCS8,
+        encryption_algorithm=serialization.NoEncryption(),
+    )
+    # The public half is written before the private key is installed, so a
+    # claim signed by any installed key can always find its verifying key.
+    public = VerifyingKey(private.public_key())
+    _write_file(key_dir / _PUBLIC_DIR / f"{public.key_id}.pem", public.to_pem(), mode=0o644, replace=True)
+    target = key_dir / _SIGNING_FILE
+    if replace:
+        _write_file(target, pem, mode=0o600, replace=True)
+        return private
+    try:
+        _write_file(target, pem, mode=0o600, replace=False)
+    except FileExistsError:
+        return _load_private(target)
+    return private
+
+
+def _write_file(path: Path, data: bytes, *, mode: int, replace: bool) -> None:
+    """Write ``data`` to a private temporary file, fsync it, then move it into place.
+
+    ``replace=False`` links instead of renaming, so an existing file is never
+    overwritten (``FileExistsError``).
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)  # the umask may have narrowed it; never wider than mode
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

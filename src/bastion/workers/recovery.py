@@ -1,0 +1,116 @@
+"""Recovering what a dead predecessor of this worker's generation left (DESIGN sections 3 and 6).
+
+Runs once, after a takeover claim succeeded with a higher epoch and before the
+gateway serves: executions left ``invoking`` become ``outcome_unknown`` and
+those left ``reserved`` become ``released`` (in one store transaction, under
+the new epoch), each with an audit entry; then every evidence session the
+generation left open is closed with reason ``recovery`` and its claim issued.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from datetime import UTC, datetime
+
+from bastion.audit.chain import ATTESTATION_SEQ, ChainSummary, CloseReason, attestation_entry, close_entry
+from bastion.audit.claim import ClaimProfile, PolicyInForce, issue_claim
+from bastion.audit.entry import AuditEntry, AuditEvent
+from bastion.audit.recorder import EvidenceRecorder
+from bastion.audit.scope import EvidenceScope
+from bastion.audit.tee import no_attestation
+from bastion.crypto.keys import Keyring
+from bastion.errors import Conflict
+from bastion.store.base import ChainInfo, RecoveredExecution, Store
+from bastion.workers.membership import WorkerMembership
+
+__all__ = ["recover_generation"]
+
+logger = logging.getLogger(__name__)
+
+
+async def recover_generation(
+    store: Store,
+    recorder: EvidenceRecorder,
+    membership: WorkerMembership,
+    keyring: Keyring,
+    *,
+    profile: ClaimProfile,
+    policy: PolicyInForce,
+) -> tuple[list[RecoveredExecution], list[str]]:
+    """Settle the generation's executions and close its open chains; returns what changed."""
+    worker, epoch = membership.credentials()
+    left_open = await store.list_open_chains(generation=membership.generation)
+    changes = await store.recover_worker(membership.generation, new_worker=worker, new_epoch=epoch)
+    by_agent: dict[str, list[RecoveredExecution]] = defaultdict(list)
+    for change in changes:
+        by_agent[change.agent].append(change)
+    for agent, rows in by_agent.items():
+        scope = EvidenceScope(recorder, rows[0].agent, policy_version=None)
+        for row in rows:
+            await scope.record(
+                AuditEvent(row.state.value),
+                call_id=row.call_id,
+                execution_id=row.execution_id,
+                binding=row.binding,
+                outcome=row.state.value,
+                reason="recovery",
+                detail={
+                    "previous_state": row.previous_state.value,
+                    "previous_worker": row.previous_worker,
+                    "previous_epoch": row.previous_epoch,
+                },
+            )
+        await scope.close(CloseReason.RECOVERY)
+        logger.warning("recovered executions", extra={"agent": agent, "count": len(rows)})
+    closed = [
+        await _close_left_open(store, chain, membership, keyring, profile, policy) for chain in left_open
+    ]
+    return changes, [c for c in closed if c]
+
+
+async def _close_left_open(
+    store: Store,
+    chain: ChainInfo,
+    membership: WorkerMembership,
+    keyring: Keyring,
+    profile: ClaimProfile,
+    policy: PolicyInForce,
+) -> str | None:
+    worker, epoch = membership.credentials()
+    now = datetime.now(UTC)
+    entries = await store.read_chain(chain.session_id, limit=ATTESTATION_SEQ + 1)
+    genesis = entries[0]
+    attestation: AuditEntry | None = entries[1] if len(entries) > ATTESTATION_SEQ else None
+    try:
+        if attestation is None:
+            # Died between opening and binding: say so, plainly, in the attestation slot.
+            record = no_attestation("the worker that opened this session died before binding its root")
+            attestation = attestation_entry(genesis, record, at=now, worker=worker, epoch=epoch)
+            bound = attestation
+            await store.append_entry(chain.session_id, lambda seq, prev: bound, worker=worker, epoch=epoch)
+        built: list[AuditEntry] = []
+
+        def final(seq: int, prev: str) -> AuditEntry:
+            head = _head_stub(genesis, seq - 1, prev)
+            entry = close_entry(head, CloseReason.RECOVERY, at=now, worker=worker, epoch=epoch)
+            built.append(entry)
+            return entry
+
+        await store.close_chain(chain.session_id, worker=worker, epoch=epoch, final=final)
+        summary = ChainSummary.of(genesis, attestation, built[-1])
+        claim = issue_claim(summary, profile=profile, policy=policy, keyring=keyring, issued_at=now)
+        await store.store_claim(chain.session_id, claim, worker=worker, epoch=epoch)
+    except (Conflict, ValueError) as exc:
+        logger.error(
+            "could not close a chain left open", extra={"session_id": chain.session_id, "error": str(exc)}
+        )
+        return None
+    return chain.session_id
+
+
+def _head_stub(genesis: AuditEntry, seq: int, head_hash: str) -> AuditEntry:
+    """A stand-in for the chain's head, enough for ``close_entry`` (it reads seq, hash, session, agent)."""
+    from dataclasses import replace
+
+    return replace(genesis, seq=seq, hash=head_hash, event=AuditEvent.ADMITTED.value)
