@@ -29,6 +29,26 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("config", type=Path)
 
+    verify = sub.add_parser("verify", help="verify an exported audit bundle (and its claim) offline")
+    verify.add_argument("bundle", type=Path, help="JSON Lines bundle from /audit/export")
+    verify.add_argument(
+        "--claim", type=Path, help="the session's TRACE claim (from /sessions/{id}/trace-claim)"
+    )
+    verify.add_argument("--key", type=Path, required=True, help="the gateway's public key (PEM or JWK)")
+    verify.add_argument(
+        "--jobs", type=int, default=None, help="processes to verify with (default: one per CPU)"
+    )
+
+    audit = sub.add_parser("audit", help="offline audit tools")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
+    join = audit_sub.add_parser("join", help="records across bundles that share one execution_id, in order")
+    join.add_argument("--execution-id", required=True)
+    join.add_argument("bundles", type=Path, nargs="+")
+
+    public_key = sub.add_parser("public-key", help="print the gateway's active public key (PEM, or --jwk)")
+    public_key.add_argument("--data-dir", type=Path, default=Path(".bastion"))
+    public_key.add_argument("--jwk", action="store_true")
+
     token = sub.add_parser(
         "hash-token", help="print the SHA-256 of a token read from stdin, for agents.*.token_sha256"
     )
@@ -52,6 +72,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bastion: {exc.message}", file=sys.stderr)
             return 2
         print(f"ok: {args.config} (version {snapshot.version}, {len(snapshot.servers)} servers)")
+        return 0
+    if args.command == "verify":
+        from bastion.cli.verify_cmd import run_verify
+
+        return run_verify(args.bundle, args.claim, args.key, jobs=args.jobs)
+    if args.command == "audit":
+        from bastion.cli.verify_cmd import run_join
+
+        return run_join(args.execution_id, args.bundles)
+    if args.command == "public-key":
+        import json
+
+        from bastion.crypto.keys import Keyring
+
+        if not (args.data_dir / "keys").exists():
+            print(f"bastion: no signing key under {args.data_dir}", file=sys.stderr)
+            return 2
+        active = Keyring.open(args.data_dir).active
+        print(json.dumps(active.to_jwk()) if args.jwk else active.to_pem().decode().rstrip())
         return 0
     if args.command == "hash-token":
         from bastion.auth.bearer import hash_token
