@@ -45,7 +45,7 @@ def run_serve(config: Path | None, host: str, port: int, data_dir: Path, log_lev
         _stop(demo_upstream)
         return 2
     try:
-        anyio.run(_serve, snapshot, host, port, data_dir, token_note)
+        anyio.run(_serve, snapshot, host, port, data_dir, token_note, backend_options={"use_uvloop": True})
     except KeyboardInterrupt:
         pass
     finally:

@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import httpx
+import httpx2 as httpx
 
 from bastion.errors import UpstreamError
 from bastion.policy.snapshot import TOOL_NAME_RULE, ServerSpec, Snapshot, UpstreamKind

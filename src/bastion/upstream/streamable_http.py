@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import httpx
+import httpx2 as httpx
 from mcp.shared.inbound import encode_header_value
 
 from bastion import __version__
