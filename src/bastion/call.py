@@ -289,10 +289,12 @@ class ToolCallPath:
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         fields = {**attempt.fields(), **extra}
         try:
-            attempt.last = await scope.record(event, **fields)
+            entry = await scope.record(event, **fields)
         except StoreError as exc:
             self._health.failed(exc, owed=lambda: scope.record(event, **fields))
             raise NotDurable("The audit entry could not be made durable") from exc
+        if entry is not None:
+            attempt.last = entry
 
     async def _audit_refusal(
         self,

@@ -71,6 +71,8 @@ class RuntimeOptions:
     issuer: str = "https://bastion.local/"
     tsm_root: Path = DEFAULT_TSM_REPORT_ROOT
     refuse_when_store_degraded: bool = True
+    # Benchmarks only: turns the audit chain off (`bastion serve --unsafe-no-audit`); warned at start.
+    unsafe_no_audit: bool = False
     store_factory: Callable[[Store], Store] | None = None  # tests wrap the store (FaultyStore)
 
 
@@ -153,6 +155,8 @@ class Gateway:
                     "reason": self._tsm_reason,
                 },
             )
+        if options.unsafe_no_audit:
+            logger.warning("UNSAFE: the audit chain is off (--unsafe-no-audit); nothing is recorded or claimed")
         self.membership = WorkerMembership(
             store,
             options.generation,
@@ -219,7 +223,12 @@ class Gateway:
 
     def evidence_for(self, agent: AgentId) -> EvidenceScope:
         assert self.recorder is not None
-        return EvidenceScope(self.recorder, agent, policy_version=self._snapshot.version)
+        return EvidenceScope(
+            self.recorder,
+            agent,
+            policy_version=self._snapshot.version,
+            unsafe_disabled=self.options.unsafe_no_audit,
+        )
 
     async def end_request_evidence(self, scope: EvidenceScope) -> None:
         await self._close_evidence(scope, CloseReason.REQUEST_END)

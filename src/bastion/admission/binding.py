@@ -17,6 +17,7 @@ from typing import Any
 
 import rfc8785
 
+from bastion.crypto.jcs import canonical_json
 from bastion.errors import InvalidParams
 
 __all__ = ["compute_binding"]
@@ -32,7 +33,7 @@ def compute_binding(server: str, tool: str, arguments: Mapping[str, Any] | None)
     """
     document: dict[str, Any] = {"server": server, "tool": tool, "arguments": dict(arguments or {})}
     try:
-        canonical = rfc8785.dumps(document)
+        canonical = canonical_json(document)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
         # The message names the defect's kind, never the offending value.
         raise InvalidParams(

@@ -19,8 +19,17 @@ __all__ = ["EvidenceScope"]
 
 
 class EvidenceScope:
-    def __init__(self, recorder: EvidenceRecorder, agent: AgentId, *, policy_version: str | None) -> None:
+    def __init__(
+        self,
+        recorder: EvidenceRecorder,
+        agent: AgentId,
+        *,
+        policy_version: str | None,
+        unsafe_disabled: bool = False,
+    ) -> None:
         self._recorder = recorder
+        # Benchmarks only (``bastion serve --unsafe-no-audit``): nothing is recorded.
+        self._unsafe_disabled = unsafe_disabled
         self.agent = agent
         self._policy_version = policy_version
         self._evidence: EvidenceSession | None = None
@@ -31,8 +40,10 @@ class EvidenceScope:
     def session_id(self) -> str | None:
         return None if self._evidence is None else self._evidence.session_id
 
-    async def record(self, event: AuditEvent, **fields: Any) -> AuditEntry:
+    async def record(self, event: AuditEvent, **fields: Any) -> AuditEntry | None:
         """Append one entry to this scope's chain, opening it first if needed."""
+        if self._unsafe_disabled:
+            return None
         async with self._opening:
             if self._evidence is None:
                 self._evidence = await self._recorder.open(self.agent, policy_version=self._policy_version)

@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--data-dir", type=Path, default=Path(".bastion"))
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--generation", default="gateway-0", help="this replica's slot (unique per replica)")
+    serve.add_argument("--unsafe-no-audit", action="store_true", help="benchmarks only: no audit chain")
 
     check = sub.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("config", type=Path)
@@ -53,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
         "hash-token", help="print the SHA-256 of a token read from stdin, for agents.*.token_sha256"
     )
     token.set_defaults(command="hash-token")
+
+    from bastion.cli.agent_session_cmd import add_agent_session_parser
+    from bastion.cli.connect_cmd import add_connect_parser
+
+    add_agent_session_parser(sub)
+    add_connect_parser(sub)
     return parser
 
 
@@ -61,7 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from bastion.cli.serve import run_serve
 
-        return run_serve(args.config, args.host, args.port, args.data_dir, args.log_level)
+        return run_serve(
+            args.config,
+            args.host,
+            args.port,
+            args.data_dir,
+            args.log_level,
+            generation=args.generation,
+            unsafe_no_audit=args.unsafe_no_audit,
+        )
     if args.command == "check-config":
         from bastion.errors import ConfigError
         from bastion.policy.load import load_snapshot
@@ -97,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print(hash_token(sys.stdin.readline().strip()))
         return 0
+    if args.command == "agent-session":
+        from bastion.cli.agent_session_cmd import run_agent_session
+
+        return run_agent_session(args)
+    if args.command == "connect":
+        from bastion.cli.connect_cmd import run_connect
+
+        return run_connect(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 

@@ -27,7 +27,16 @@ __all__ = ["run_serve"]
 DEMO_TOKEN_FILE = "demo-agent.token"  # noqa: S105 - a file name, not a secret
 
 
-def run_serve(config: Path | None, host: str, port: int, data_dir: Path, log_level: str) -> int:
+def run_serve(
+    config: Path | None,
+    host: str,
+    port: int,
+    data_dir: Path,
+    log_level: str,
+    *,
+    generation: str = "gateway-0",
+    unsafe_no_audit: bool = False,
+) -> int:
     configure_logging(log_level)
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     demo_upstream: subprocess.Popen[str] | None = None
@@ -45,7 +54,8 @@ def run_serve(config: Path | None, host: str, port: int, data_dir: Path, log_lev
         _stop(demo_upstream)
         return 2
     try:
-        anyio.run(_serve, snapshot, host, port, data_dir, token_note, backend_options={"use_uvloop": True})
+        options = RuntimeOptions(data_dir=data_dir, generation=generation, unsafe_no_audit=unsafe_no_audit)
+        anyio.run(_serve, snapshot, host, port, options, token_note, backend_options={"use_uvloop": True})
     except KeyboardInterrupt:
         pass
     finally:
@@ -53,8 +63,10 @@ def run_serve(config: Path | None, host: str, port: int, data_dir: Path, log_lev
     return 0
 
 
-async def _serve(snapshot: Snapshot, host: str, port: int, data_dir: Path, token_note: Path | None) -> None:
-    app = create_app(snapshot, RuntimeOptions(data_dir=data_dir))
+async def _serve(
+    snapshot: Snapshot, host: str, port: int, options: RuntimeOptions, token_note: Path | None
+) -> None:
+    app = create_app(snapshot, options)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
