@@ -11,10 +11,10 @@
     │  ├─ SessionIdMissing (400)   SessionNotFound (404)
     │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)
     │  ├─ UnsupportedProtocolVersion (-32022, 400)
-    │  ├─ MethodNotAllowed (405)   TooManySessions (503)   StreamConflict (409)
+    │  ├─ MethodNotAllowed (405)   TooManySessions (503)   WorkerSuperseded (503)
     │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
     ├─ CallRefused            inside a call: HTTP 200 + JSON-RPC error in -32000…-32099
-    │  ├─ UnknownTool   GrantDenied   InvalidCmcpEnvelope
+    │  ├─ UnknownTool   GrantDenied   InvalidCmcpEnvelope   ArgumentConstraintFailed   RateLimited
     │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
     │  └─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 __all__ = [
     "AgentSessionExpired",
     "AgentSessionRevoked",
+    "ArgumentConstraintFailed",
     "AttachmentContradictory",
     "AttachmentUnproven",
     "BastionError",
@@ -60,13 +61,13 @@ __all__ = [
     "OutcomeUnknown",
     "ParseError",
     "ProtocolVersionMismatch",
+    "RateLimited",
     "Reason",
     "RequestRejected",
     "SessionIdMissing",
     "SessionNotFound",
     "StaleEpoch",
     "StoreError",
-    "StreamConflict",
     "TooManySessions",
     "Unauthenticated",
     "UnknownTool",
@@ -76,6 +77,7 @@ __all__ = [
     "UpstreamProtocolError",
     "UpstreamTimeout",
     "UpstreamUnavailable",
+    "WorkerSuperseded",
 ]
 
 
@@ -98,13 +100,15 @@ class Reason(enum.StrEnum):
     HEADER_MISMATCH = "header_mismatch"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     TOO_MANY_SESSIONS = "too_many_sessions"
-    STREAM_CONFLICT = "stream_conflict"
+    WORKER_SUPERSEDED = "worker_superseded"
     CREDENTIAL_INVALID = "credential_invalid"
     AGENT_SESSION_EXPIRED = "agent_session_expired"
     AGENT_SESSION_REVOKED = "agent_session_revoked"
     UNKNOWN_TOOL = "unknown_tool"
     GRANT_DENIED = "grant_denied"
     CMCP_INVALID = "cmcp_invalid"
+    ARGUMENT_CONSTRAINT_FAILED = "argument_constraint_failed"
+    RATE_LIMITED = "rate_limited"
     REQUIRED_NAMESPACE_NOT_CONNECTED = "required_namespace_not_connected"
     CONNECTED_NAMESPACE_MISSING = "connected_namespace_missing"
     ATTACHMENT_CONTRADICTORY = "attachment_contradictory"
@@ -250,10 +254,12 @@ class TooManySessions(RequestRejected):
     default_message = "Service Unavailable: too many transport sessions"
 
 
-class StreamConflict(RequestRejected):
-    reason = Reason.STREAM_CONFLICT
-    http_status = 409
-    default_message = "Conflict: this session already has an open GET stream"
+class WorkerSuperseded(RequestRejected):
+    """This gateway worker lost its generation to a newer epoch: it answers nothing more."""
+
+    reason = Reason.WORKER_SUPERSEDED
+    http_status = 503
+    default_message = "Service Unavailable: this gateway worker was superseded"
 
 
 class MethodNotAllowed(RequestRejected):
@@ -309,6 +315,22 @@ class InvalidCmcpEnvelope(CallRefused):
     reason = Reason.CMCP_INVALID
     jsonrpc_code = -32031
     default_message = "Invalid params._cmcp envelope"
+
+
+class ArgumentConstraintFailed(CallRefused):
+    """A grant covers the tool, but the call's arguments break every covering grant's constraints."""
+
+    reason = Reason.ARGUMENT_CONSTRAINT_FAILED
+    jsonrpc_code = -32032
+    default_message = "Arguments do not satisfy the grant's constraints"
+
+
+class RateLimited(CallRefused):
+    """A grant allows the call, but its rate limit for this agent and tool is spent."""
+
+    reason = Reason.RATE_LIMITED
+    jsonrpc_code = -32033
+    default_message = "Rate limit exceeded"
 
 
 class AttachmentUnproven(CallRefused):

@@ -36,7 +36,7 @@ from bastion.audit.tee import DEFAULT_TSM_REPORT_ROOT, ConfigfsTsm, no_attestati
 from bastion.auth.bearer import StaticBearerAuth
 from bastion.call import ToolCallPath
 from bastion.crypto.keys import Keyring
-from bastion.errors import BastionError, StaleEpoch, StoreError
+from bastion.errors import StoreError, WorkerSuperseded
 from bastion.ids import AgentId
 from bastion.methods import MethodRouter
 from bastion.policy.snapshot import Snapshot
@@ -74,15 +74,6 @@ class RuntimeOptions:
     # Benchmarks only: turns the audit chain off (`bastion serve --unsafe-no-audit`); warned at start.
     unsafe_no_audit: bool = False
     store_factory: Callable[[Store], Store] | None = None  # tests wrap the store (FaultyStore)
-
-
-class StoppedServing(BastionError):
-    """This worker was superseded; it answers nothing more."""
-
-    reason = StaleEpoch.reason
-    http_status = 503
-    jsonrpc_code = StaleEpoch.jsonrpc_code
-    default_message = "Service Unavailable: this gateway worker was superseded"
 
 
 def _build_digest() -> str:
@@ -217,7 +208,7 @@ class Gateway:
     def serving(self) -> None:
         """Raises while this worker must not answer (superseded by a newer epoch)."""
         if self.membership is not None and self.membership.superseded:
-            raise StoppedServing()
+            raise WorkerSuperseded()
 
     # ------------------------------------------------------------------ evidence
 
