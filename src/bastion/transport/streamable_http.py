@@ -260,24 +260,24 @@ class FrontDoor:
         transport_session = caller.transport_session
         caller = dataclasses.replace(caller, relay=StreamRelay(channel, transport_session))
         sessionless = transport_session is None
-        async with anyio.create_task_group() as tg:
-            with anyio.CancelScope() as call_scope:
-                if transport_session is not None:
-                    transport_session.in_flight[request.id] = InFlightCall(
-                        request.id, request.method, call_scope
-                    )
-                tg.start_soon(
-                    _watch_disconnect, receive, call_scope if cancel_on_disconnect else None, tg.cancel_scope
-                )
-                try:
+        with anyio.CancelScope() as call_scope:
+            if transport_session is not None:
+                transport_session.in_flight[request.id] = InFlightCall(request.id, request.method, call_scope)
+            try:
+                if cancel_on_disconnect:
+                    # Sessionless era: closing the request's stream cancels the request.
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_watch_disconnect, receive, call_scope)
+                        reply, status = await self._dispatch(caller, request, sessionless)
+                        tg.cancel_scope.cancel()
+                else:
                     reply, status = await self._dispatch(caller, request, sessionless)
-                    await channel.finish(reply, status)
-                finally:
-                    if transport_session is not None:
-                        transport_session.in_flight.pop(request.id, None)
-            if call_scope.cancelled_caught:
-                await channel.end_empty()
-            tg.cancel_scope.cancel()
+                await channel.finish(reply, status)
+            finally:
+                if transport_session is not None:
+                    transport_session.in_flight.pop(request.id, None)
+        if call_scope.cancelled_caught:
+            await channel.end_empty()
 
     async def _dispatch(
         self, caller: Caller, request: Request, sessionless: bool
@@ -374,7 +374,7 @@ class FrontDoor:
             )
             cursor = last_seen if last_seen is not None else stream.last_id()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_watch_disconnect, receive, None, tg.cancel_scope)
+                tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
                 while not transport_session.terminated and stream.is_current(reader):
                     for event_id, payload in stream.after(cursor):
                         frame = sse_frame(payload, None)
@@ -408,9 +408,7 @@ def _parse_last_event_id(value: str | None) -> tuple[str | None, int | None]:
         return None, None
 
 
-async def _watch_disconnect(
-    receive: Receive, call_scope: anyio.CancelScope | None, own: anyio.CancelScope
-) -> None:
+async def _watch_disconnect(receive: Receive, call_scope: anyio.CancelScope | None) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
