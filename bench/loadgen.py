@@ -18,14 +18,22 @@ It speaks both eras as the spec and the SDK's server check them
 
 Every answer is checked: a refusal, an ``isError`` result or a wrong echo
 counts as an error, so a fast refusal can never pass for a fast call.
+
+A target built with ``execution_ids=True`` (Bastion only: an upstream would not
+understand the envelope) gets ``params._cmcp = {"execution_id": ...}`` on every
+``tools/call``, warm-up and measured alike, each id fresh and unique within
+the process (a random per-process prefix and a counter), so Bastion admits
+every call instead of refusing one as a replay.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import itertools
 import json
 import math
+import secrets
 import socket
 import sys
 import time
@@ -48,6 +56,7 @@ __all__ = [
     "McpSession",
     "PhaseResult",
     "Target",
+    "next_execution_id",
     "run_phase",
 ]
 
@@ -60,6 +69,16 @@ _CLIENT_INFO = {"name": "bastion-bench", "version": "0.1.0"}
 _META_VERSION = "io.modelcontextprotocol/protocolVersion"
 _META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 _META_CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
+_CMCP = "_cmcp"
+# Execution ids: unique within this process (counter) and across runs (random prefix).
+# "bench-" + 16 hex + "-" + a decimal counter stays far below Bastion's 128 visible ASCII.
+_EXECUTION_PREFIX = f"bench-{secrets.token_hex(8)}-"
+_execution_serial = itertools.count(1)
+
+
+def next_execution_id() -> str:
+    """A fresh execution id, never handed out before by this process."""
+    return f"{_EXECUTION_PREFIX}{next(_execution_serial)}"
 
 
 class CallError(Exception):
@@ -68,12 +87,17 @@ class CallError(Exception):
 
 @dataclass(frozen=True)
 class Target:
-    """Where to send calls: the MCP endpoint, the echo tool's name there, extra headers."""
+    """Where to send calls: the MCP endpoint, the echo tool's name there, extra headers.
+
+    ``execution_ids``: every ``tools/call`` carries a fresh ``params._cmcp.execution_id``.
+    Set it for Bastion only; an upstream called directly does not know the envelope.
+    """
 
     label: str
     url: str
     tool: str
     headers: Mapping[str, str] = field(default_factory=dict)
+    execution_ids: bool = False
 
 
 def _parse_answer(response: httpx.Response, request_id: int) -> dict[str, Any]:
@@ -197,9 +221,10 @@ class McpSession:
 
     async def call_echo(self, text: str) -> None:
         """One ``tools/call`` of the echo tool, checked. Raises ``CallError``, ``httpx.HTTPError``."""
-        response = await self._request(
-            "tools/call", {"name": self.target.tool, "arguments": {"text": text}}, name=self.target.tool
-        )
+        params: dict[str, Any] = {"name": self.target.tool, "arguments": {"text": text}}
+        if self.target.execution_ids:
+            params[_CMCP] = {"execution_id": next_execution_id()}
+        response = await self._request("tools/call", params, name=self.target.tool)
         result = _result_of(_parse_answer(response, self._next_id))
         if result.get("isError"):
             raise CallError(f"isError result: {json.dumps(result)[:300]}")

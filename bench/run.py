@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/run.py [--sessions 16] [--calls 2000] [--mode legacy|modern]
                                   [--out bench/results/x.json] [--direct-only]
+                                  [--audit-off-too] [--execution-ids]
 
 Starts the bundled example HTTP upstream (``bastion.examples.tools_server``)
 on a free port, starts ``bastion serve`` in front of it with a temporary
@@ -11,6 +12,12 @@ measured), and one session at concurrency 1 for latency. It prints a table
 with the through/direct ratios against the targets of DESIGN section 10 and
 writes every number as JSON. Bastion's CPU per call comes from
 ``/proc/<pid>/stat`` (utime + stime) around the measured concurrent phase.
+
+``--audit-off-too`` starts a second Bastion (own port, own data directory)
+with ``--unsafe-no-audit`` and measures it in the same rounds, for the
+durable audit / audit off ratio. ``--execution-ids`` makes every call to
+either Bastion carry a fresh ``params._cmcp.execution_id`` (never the direct
+calls: the upstream does not know the envelope).
 
 Exit status: 0 when every call succeeded, 1 when any call failed, 2 when a
 child process could not start. Targets are reported, never asserted.
@@ -57,6 +64,7 @@ TARGET_ADDED_P50_MS = 1.0
 TARGET_ADDED_P99_MS = 5.0
 TARGET_CPU_PER_CALL_US = 300.0
 TARGET_READY_S = 2.0
+TARGET_AUDIT_RATIO = 0.8  # durable audit >= 0.8 x the same run with auditing off
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -77,6 +85,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--bastion-arg", action="append", default=[], help="extra argument for bastion serve (repeatable)"
     )
     parser.add_argument("--extra-config", type=Path, help="TOML appended to the generated config")
+    parser.add_argument(
+        "--audit-off-too",
+        action="store_true",
+        help="also measure a second bastion started with --unsafe-no-audit (durable audit / audit off)",
+    )
+    parser.add_argument(
+        "--execution-ids",
+        action="store_true",
+        help="every call through bastion carries a fresh params._cmcp.execution_id",
+    )
     parser.add_argument("--start-timeout", type=float, default=30.0, help="seconds to wait for readiness")
     parser.add_argument("--call-timeout", type=float, default=30.0, help="seconds per HTTP request")
     parser.add_argument("--phase-timeout", type=float, default=600.0, help="seconds per measured phase")
@@ -84,6 +102,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.sessions < 1 or args.calls < 1 or args.latency_calls < 1 or args.rounds < 1:
         parser.error("--sessions, --calls, --latency-calls and --rounds must be at least 1")
+    if args.direct_only and (args.audit_off_too or args.execution_ids):
+        parser.error("--audit-off-too and --execution-ids need bastion; drop --direct-only")
     return args
 
 
@@ -214,23 +234,45 @@ def ratios(direct: dict[str, Any], through: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def audit_ratios(audit_on: dict[str, Any], audit_off: dict[str, Any]) -> dict[str, float]:
+    """Durable audit against the same run with auditing off: what the audit chain costs."""
+    on, off = audit_on["headline"], audit_off["headline"]
+    return {
+        "throughput_ratio": round(on["calls_per_s"] / off["calls_per_s"], 3),
+        "concurrent_p50_ratio": round(on["concurrent_p50_ms"] / off["concurrent_p50_ms"], 3),
+        "concurrent_p99_ratio": round(on["concurrent_p99_ms"] / off["concurrent_p99_ms"], 3),
+        "added_p50_ms": round(on["serial_p50_ms"] - off["serial_p50_ms"], 3),
+        "added_p99_ms": round(on["serial_p99_ms"] - off["serial_p99_ms"], 3),
+        "added_bastion_cpu_per_call_us": round(
+            on["bastion_cpu_per_call_us"] - off["bastion_cpu_per_call_us"], 1
+        ),
+    }
+
+
 def render_table(results: dict[str, Any], args: argparse.Namespace) -> str:
     direct = results["direct"]["headline"]
     through = results.get("through", {}).get("headline")
+    audit_off = results.get("through_audit_off", {}).get("headline")
     compared = results.get("compared")
+    audit = results.get("compared_audit")
     n = args.sessions
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[list[str]] = []
 
-    def row(label: str, key: str, fmt: str, ratio: str = "") -> None:
-        d = format(direct[key], fmt)
-        t = format(through[key], fmt) if through else "-"
-        rows.append((label, d, t, ratio))
+    def row(label: str, key: str, fmt: str, ratio: str = "", audit_ratio: str = "") -> None:
+        cells = [label, format(direct[key], fmt), format(through[key], fmt) if through else "-"]
+        if audit_off:
+            cells.append(format(audit_off[key], fmt))
+        cells.append(ratio)
+        if audit_off:
+            cells.append(audit_ratio)
+        rows.append(cells)
 
     row(
         f"calls/s  ({n} sessions)",
         "calls_per_s",
         ".1f",
         f"{compared['throughput_ratio']:.3f}x" if compared else "",
+        f"{audit['throughput_ratio']:.3f}x" if audit else "",
     )
     row(f"p50 ms   ({n} sessions)", "concurrent_p50_ms", ".3f")
     row(f"p99 ms   ({n} sessions)", "concurrent_p99_ms", ".3f")
@@ -239,35 +281,75 @@ def render_table(results: dict[str, Any], args: argparse.Namespace) -> str:
         "serial_p50_ms",
         ".3f",
         f"+{compared['added_p50_ms']:.3f} ms" if compared else "",
+        f"{audit['added_p50_ms']:+.3f} ms" if audit else "",
     )
     row(
         "p99 ms   (concurrency 1)",
         "serial_p99_ms",
         ".3f",
         f"+{compared['added_p99_ms']:.3f} ms" if compared else "",
+        f"{audit['added_p99_ms']:+.3f} ms" if audit else "",
     )
     row("upstream CPU/call us", "upstream_cpu_per_call_us", ".1f")
     row("client CPU/call us", "client_cpu_per_call_us", ".1f")
     if through:
-        rows.append(("bastion CPU/call us", "-", format(through["bastion_cpu_per_call_us"], ".1f"), ""))
-    rows.append(("errors", str(direct["errors"]), str(through["errors"]) if through else "-", ""))
-    header = ("", "direct", "through", "through/direct")
-    widths = [max(len(r[i]) for r in [*rows, header]) for i in range(4)]
-    lines = [
-        f"{header[0]:<{widths[0]}}  {header[1]:>{widths[1]}}  {header[2]:>{widths[2]}}  {header[3]}",
-        *(f"{a:<{widths[0]}}  {b:>{widths[1]}}  {c:>{widths[2]}}  {d}" for a, b, c, d in rows),
-    ]
+        cells = ["bastion CPU/call us", "-", format(through["bastion_cpu_per_call_us"], ".1f")]
+        if audit_off:
+            cells += [format(audit_off["bastion_cpu_per_call_us"], ".1f"), ""]
+            cells.append(f"{audit['added_bastion_cpu_per_call_us']:+.1f} us" if audit else "")
+        else:
+            cells.append("")
+        rows.append(cells)
+    cells = ["errors", str(direct["errors"]), str(through["errors"]) if through else "-"]
+    if audit_off:
+        cells += [str(audit_off["errors"]), "", ""]
+    else:
+        cells.append("")
+    rows.append(cells)
+    header = ["", "direct", "through"]
+    if audit_off:
+        header += ["through, audit off", "through/direct", "durable audit/audit off"]
+    else:
+        header.append("through/direct")
+    widths = [max(len(r[i]) for r in [*rows, header]) for i in range(len(header))]
+
+    numbers = 3 if audit_off else 2  # value columns after the label; ratio columns follow
+
+    def line(cells: list[str]) -> str:
+        # Label and ratios left-aligned, values right-aligned.
+        parts = [
+            f"{cell:>{widths[i]}}" if 1 <= i <= numbers else f"{cell:<{widths[i]}}"
+            for i, cell in enumerate(cells)
+        ]
+        return "  ".join(parts).rstrip()
+
+    lines = [line(header), *(line(r) for r in rows)]
     if compared:
         lines.append("")
         lines.extend(f"  {verdict}" for verdict in results["targets"])
     return "\n".join(lines)
 
 
-def verdicts(compared: dict[str, float], through: dict[str, Any], ready_s: float) -> list[str]:
-    def check(ok: bool, text: str) -> str:
-        return f"[{'meets' if ok else 'MISSES'}] {text}"
+def _check(ok: bool, text: str) -> str:
+    return f"[{'meets' if ok else 'MISSES'}] {text}"
 
+
+def verdicts(
+    compared: dict[str, float],
+    through: dict[str, Any],
+    ready_s: float,
+    audit: dict[str, float] | None = None,
+) -> list[str]:
+    check = _check
     cpu = through["headline"]["bastion_cpu_per_call_us"]
+    audit_lines = []
+    if audit is not None:
+        audit_lines.append(
+            check(
+                audit["throughput_ratio"] >= TARGET_AUDIT_RATIO,
+                f"durable audit {audit['throughput_ratio']:.3f}x audit off (target >= {TARGET_AUDIT_RATIO}x)",
+            )
+        )
     return [
         check(
             compared["throughput_ratio"] >= TARGET_THROUGHPUT_RATIO,
@@ -289,7 +371,52 @@ def verdicts(compared: dict[str, float], through: dict[str, Any], ready_s: float
             ready_s <= TARGET_READY_S,
             f"bastion start to ready {ready_s:.2f} s (target <= {TARGET_READY_S} s)",
         ),
+        *audit_lines,
     ]
+
+
+def start_bastion(
+    args: argparse.Namespace,
+    temp: Path,
+    config: Path,
+    token: str,
+    label: str,
+    name: str,
+    data: str,
+    *extra: str,
+) -> tuple[Child, Target]:
+    """``bastion serve`` on a free port with its own data dir under ``temp``, and its target."""
+    data_dir = temp / data
+    data_dir.mkdir()
+    child = Child.start(
+        name,
+        [
+            *bastion_argv(args),
+            "serve",
+            "--config",
+            str(config),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--data-dir",
+            str(data_dir),
+            *extra,
+            *args.bastion_arg,
+        ],
+        ready=BASTION_READY,
+        log_path=temp / f"{name}.log",
+        timeout_s=args.start_timeout,
+    )
+    url = BASTION_READY.search(child.ready_line).group(1)  # type: ignore[union-attr]
+    target = Target(
+        label,
+        url,
+        f"{NAMESPACE}__{TOOL}",
+        headers={"authorization": f"Bearer {token}"},
+        execution_ids=args.execution_ids,
+    )
+    return child, target
 
 
 def environment() -> dict[str, Any]:
@@ -337,53 +464,49 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
 
         through_target: Target | None = None
         bastion: Child | None = None
+        audit_off_target: Target | None = None
+        audit_off: Child | None = None
         if not args.direct_only:
             token = secrets.token_urlsafe(32)
             config = temp / "bastion.toml"
             write_config(config, upstream_url, token, args.extra_config)
-            data_dir = temp / "data"
-            data_dir.mkdir()
-            bastion = Child.start(
-                "bastion",
-                [
-                    *bastion_argv(args),
-                    "serve",
-                    "--config",
-                    str(config),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(free_port()),
-                    "--data-dir",
-                    str(data_dir),
-                    *args.bastion_arg,
-                ],
-                ready=BASTION_READY,
-                log_path=temp / "bastion.log",
-                timeout_s=args.start_timeout,
-            )
+            bastion, through_target = start_bastion(args, temp, config, token, "through", "bastion", "data")
             children.append(bastion)
-            bastion_url = BASTION_READY.search(bastion.ready_line).group(1)  # type: ignore[union-attr]
-            through_target = Target(
-                "through",
-                bastion_url,
-                f"{NAMESPACE}__{TOOL}",
-                headers={"authorization": f"Bearer {token}"},
-            )
-
-        watched = {"upstream": upstream.pid}
-        if bastion is not None:
-            watched["bastion"] = bastion.pid
-        direct_rounds: list[Measured] = []
-        through_rounds: list[Measured] = []
-        for round_index in range(args.rounds):
-            print(f"round {round_index + 1}/{args.rounds}: direct ...", file=sys.stderr, flush=True)
-            direct_rounds.append(await measure(direct_target, args, mode, {"upstream": upstream.pid}))
-            if through_target is not None:
-                print(
-                    f"round {round_index + 1}/{args.rounds}: through bastion ...", file=sys.stderr, flush=True
+            if args.audit_off_too:
+                # Own port, own data dir; the same config, token and --bastion-arg.
+                audit_off, audit_off_target = start_bastion(
+                    args,
+                    temp,
+                    config,
+                    token,
+                    "through-audit-off",
+                    "bastion-audit-off",
+                    "data-audit-off",
+                    "--unsafe-no-audit",
                 )
-                through_rounds.append(await measure(through_target, args, mode, watched))
+                children.append(audit_off)
+
+        # Each phase watches the upstream and the one Bastion it goes through (as "bastion").
+        plan: list[tuple[str, Target, dict[str, int]]] = [
+            ("direct", direct_target, {"upstream": upstream.pid})
+        ]
+        if through_target is not None and bastion is not None:
+            plan.append(
+                ("through bastion", through_target, {"upstream": upstream.pid, "bastion": bastion.pid})
+            )
+        if audit_off_target is not None and audit_off is not None:
+            plan.append(
+                (
+                    "through bastion, audit off",
+                    audit_off_target,
+                    {"upstream": upstream.pid, "bastion": audit_off.pid},
+                )
+            )
+        measured: list[list[Measured]] = [[] for _ in plan]
+        for round_index in range(args.rounds):
+            for (what, target, watched), into in zip(plan, measured, strict=True):
+                print(f"round {round_index + 1}/{args.rounds}: {what} ...", file=sys.stderr, flush=True)
+                into.append(await measure(target, args, mode, watched))
 
         results: dict[str, Any] = {
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -396,18 +519,31 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                 "rounds": args.rounds,
                 "upstream_response": "json" if args.upstream_json else "sse",
                 "direct_only": args.direct_only,
+                "audit_off_too": args.audit_off_too,
+                "execution_ids": args.execution_ids,
             },
             "environment": environment(),
             "upstream_ready_s": round(upstream.ready_after_s, 3),
-            "direct": fold(direct_rounds),
+            "direct": fold(measured[0]),
         }
         if bastion is not None:
             results["bastion_ready_s"] = round(bastion.ready_after_s, 3)
-            results["through"] = fold(through_rounds)
+            results["through"] = fold(measured[1])
             results["compared"] = ratios(results["direct"], results["through"])
-            results["targets"] = verdicts(results["compared"], results["through"], bastion.ready_after_s)
-        errors = results["direct"]["headline"]["errors"] + results.get("through", {}).get("headline", {}).get(
-            "errors", 0
+            audit: dict[str, float] | None = None
+            if audit_off is not None:
+                results["bastion_audit_off_ready_s"] = round(audit_off.ready_after_s, 3)
+                results["through_audit_off"] = fold(measured[2])
+                results["compared_audit_off"] = ratios(results["direct"], results["through_audit_off"])
+                audit = audit_ratios(results["through"], results["through_audit_off"])
+                results["compared_audit"] = audit
+            results["targets"] = verdicts(
+                results["compared"], results["through"], bastion.ready_after_s, audit
+            )
+        errors = sum(
+            results[key]["headline"]["errors"]
+            for key in ("direct", "through", "through_audit_off")
+            if key in results
         )
         return results, (1 if errors else 0)
     finally:
