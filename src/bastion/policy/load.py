@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
+from bastion.policy.grants import Grant, Rate, Subject, SubjectKind, check_arguments_schema
 from bastion.policy.snapshot import AgentSpec, GatewaySettings, ServerSpec, Snapshot, UpstreamKind
 
 __all__ = ["load_snapshot", "snapshot_from_mapping"]
@@ -37,7 +38,7 @@ _ENV_NAME = re.compile(r"^[^=\x00]+$")
 _DOLLAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
-_TOP_KEYS = frozenset({"gateway", "servers", "agents"})
+_TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants"})
 _GATEWAY_KEYS = frozenset(
     {
         "tool_separator",
@@ -52,6 +53,17 @@ _HTTP_KEYS = frozenset({"url", "headers", "era"})
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd"})
 _SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s"}
 _AGENT_KEYS = frozenset({"token_sha256"})
+_SUBJECT_KEYS = frozenset(kind.value for kind in SubjectKind)
+_GRANT_KEYS = _SUBJECT_KEYS | {
+    "name",
+    "servers",
+    "namespaces",
+    "tools",
+    "arguments_schema",
+    "require_execution_id",
+    "rate",
+}
+_GRANT_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 
 _T = TypeVar("_T")
 
@@ -98,6 +110,7 @@ def snapshot_from_mapping(
     gateway = _read_gateway(ctx, top.get("gateway"))
     servers = _read_servers(ctx, top.get("servers"))
     agents = _read_agents(ctx, top.get("agents"))
+    grants = _read_grants(ctx, top.get("grants"), servers)
     return ctx.build(
         Snapshot,
         version=version,
@@ -105,6 +118,7 @@ def snapshot_from_mapping(
         servers=servers,
         agents=agents,
         source=source,
+        grants=grants,
     )
 
 
@@ -252,6 +266,115 @@ def _read_agents(ctx: _Context, value: Any) -> list[AgentSpec]:
     return agents
 
 
+def _read_grants(ctx: _Context, value: Any, servers: Mapping[str, ServerSpec]) -> list[Grant]:
+    # No ``grants`` key at all is the "no grants declared" mode (policy/decide.py); an empty
+    # array is refused, so that "deny everything" and "no grants yet" cannot be confused.
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise ctx.error("grants", f"expected an array of tables ([[grants]]), got {_type_name(value)}")
+    if not value:
+        raise ctx.error(
+            "grants",
+            "is empty: remove it (no grants declared: every agent may call every tool) or add grants",
+        )
+    namespaces = {spec.namespace for spec in servers.values()}
+    grants: list[Grant] = []
+    names: dict[str, str] = {}
+    for index, grant_value in enumerate(value):
+        key = f"grants[{index}]"
+        grant = _read_grant(ctx, ctx.table(grant_value, key), key, servers, namespaces)
+        if grant.name in names:
+            raise ctx.error(f"{key}.name", f"repeats the name of {names[grant.name]}")
+        names[grant.name] = key
+        grants.append(grant)
+    return grants
+
+
+def _read_grant(
+    ctx: _Context, table: Mapping[str, Any], key: str, servers: Mapping[str, ServerSpec], namespaces: set[str]
+) -> Grant:
+    ctx.refuse_unknown(table, _GRANT_KEYS, key)
+    # (1) Subject: exactly one of agent, team, human, scope.
+    kinds = [kind for kind in SubjectKind if kind.value in table]
+    if len(kinds) != 1:
+        found = ", ".join(kind.value for kind in kinds) or "none"
+        raise ctx.error(
+            key, f"a grant needs exactly one subject key: agent, team, human or scope (found: {found})"
+        )
+    kind = kinds[0]
+    subject_name = ctx.string(table[kind.value], f"{key}.{kind.value}")
+    if not subject_name or subject_name != subject_name.strip():
+        raise ctx.error(f"{key}.{kind.value}", "must be a non-empty string without surrounding spaces")
+    if subject_name == "*" and kind is not SubjectKind.AGENT:
+        raise ctx.error(f"{key}.{kind.value}", '"*" (everyone) is allowed only for agent')
+    # (2) Name: optional; a grant without one is called after its place in the file.
+    name = key
+    if "name" in table:
+        name = ctx.string(table["name"], f"{key}.name")
+        if not _GRANT_NAME.match(name):
+            raise ctx.error(f"{key}.name", "a grant name must match ^[a-zA-Z0-9_.-]{1,64}$")
+    # (3) What it covers: servers and/or namespaces that exist, and tool patterns.
+    granted_servers = ctx.string_list(table["servers"], f"{key}.servers") if "servers" in table else []
+    for position, server in enumerate(granted_servers):
+        if server not in servers:
+            known = ", ".join(sorted(servers))
+            raise ctx.error(f"{key}.servers[{position}]", f"unknown server {server!r} (declared: {known})")
+    granted_namespaces = (
+        ctx.string_list(table["namespaces"], f"{key}.namespaces") if "namespaces" in table else []
+    )
+    for position, namespace in enumerate(granted_namespaces):
+        if namespace not in namespaces:
+            known = ", ".join(sorted(namespaces))
+            raise ctx.error(
+                f"{key}.namespaces[{position}]", f"unknown namespace {namespace!r} (declared: {known})"
+            )
+    if not granted_servers and not granted_namespaces:
+        raise ctx.error(key, "a grant needs a non-empty servers or namespaces array")
+    if "tools" not in table:
+        raise ctx.error(f"{key}.tools", 'missing key: tool names or globs (["*"] for every tool)')
+    tools = ctx.string_list(table["tools"], f"{key}.tools")
+    if not tools:
+        raise ctx.error(f"{key}.tools", 'must not be empty (["*"] for every tool)')
+    for position, pattern in enumerate(tools):
+        if not pattern or pattern != pattern.strip():
+            raise ctx.error(f"{key}.tools[{position}]", "must be a non-empty name or glob without spaces")
+    # (4) Constraints and obligations.
+    schema: Mapping[str, Any] | None = None
+    if "arguments_schema" in table:
+        schema = ctx.table(table["arguments_schema"], f"{key}.arguments_schema")
+        try:
+            check_arguments_schema(schema)
+        except ConfigError as exc:
+            raise ctx.error(
+                f"{key}.arguments_schema", exc.message.removeprefix("arguments_schema ")
+            ) from None
+    require_execution_id = (
+        ctx.boolean(table["require_execution_id"], f"{key}.require_execution_id")
+        if "require_execution_id" in table
+        else False
+    )
+    rate: Rate | None = None
+    if "rate" in table:
+        try:
+            rate = Rate.parse(ctx.string(table["rate"], f"{key}.rate"))
+        except ConfigError as exc:
+            if exc.data.get("key"):
+                raise
+            raise ctx.error(f"{key}.rate", exc.message) from None
+    return ctx.build(
+        Grant,
+        name=name,
+        subject=Subject(kind, subject_name),
+        tools=tuple(tools),
+        servers=frozenset(granted_servers),
+        namespaces=frozenset(granted_namespaces),
+        arguments_schema=schema,
+        require_execution_id=require_execution_id,
+        rate=rate,
+    )
+
+
 def _check_url(ctx: _Context, url: str, key: str) -> None:
     # Only the scheme is ever echoed: the rest of a URL may carry credentials.
     try:
@@ -346,6 +469,11 @@ class _Context:
         if not isinstance(value, list | tuple):
             raise self.error(key, f"expected an array of strings, got {_type_name(value)}")
         return [self.string(item, f"{key}[{index}]") for index, item in enumerate(value)]
+
+    def boolean(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(key, f"expected a boolean, got {_type_name(value)}")
+        return value
 
     def integer(self, value: Any, key: str) -> int:
         # bool is a subclass of int: ``max_body_bytes = true`` must not read as 1.

@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
+from bastion.policy.grants import Grant
 
 __all__ = [
     "TOOL_NAME_RULE",
@@ -114,17 +115,24 @@ class AgentSpec:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One validated configuration, identified by ``version`` (a digest of its source)."""
+    """One validated configuration, identified by ``version`` (a digest of its source).
+
+    ``grants`` empty means "no grants declared": every authenticated agent may
+    call every tool (``policy/decide.py``). Once one grant exists, calls are
+    denied unless a grant covers them.
+    """
 
     version: str
     gateway: GatewaySettings
     servers: Mapping[str, ServerSpec]
     agents: tuple[AgentSpec, ...]
     source: Path | None = None
+    grants: tuple[Grant, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "servers", MappingProxyType(dict(self.servers)))
         object.__setattr__(self, "agents", tuple(self.agents))
+        object.__setattr__(self, "grants", tuple(self.grants))
         sep = self.gateway.tool_separator
         seen: dict[str, str] = {}
         for spec in self.servers.values():
@@ -141,6 +149,21 @@ class Snapshot:
         hashes = [a.token_sha256 for a in self.agents]
         if len(set(hashes)) != len(hashes):
             raise ConfigError("agents: two agents share one token")
+        self._check_grants()
+
+    def _check_grants(self) -> None:
+        namespaces = {spec.namespace for spec in self.servers.values()}
+        names: set[str] = set()
+        for grant in self.grants:
+            if grant.name in names:
+                raise ConfigError(f"grants: two grants are named {grant.name!r}")
+            names.add(grant.name)
+            for server in sorted(grant.servers):
+                if server not in self.servers:
+                    raise ConfigError(f"grant {grant.name}: unknown server {server!r}")
+            for namespace in sorted(grant.namespaces):
+                if namespace not in namespaces:
+                    raise ConfigError(f"grant {grant.name}: unknown namespace {namespace!r}")
 
     def server_for_namespace(self, namespace: str) -> ServerSpec | None:
         for spec in self.servers.values():
