@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
@@ -44,6 +45,8 @@ import anyio.to_thread
 from bastion.admission.states import ExecutionState, check_transition
 from bastion.audit.entry import ENTRY_FIELDS, GENESIS_PREV, AuditEntry
 from bastion.errors import (
+    AgentSessionExpired,
+    AgentSessionRevoked,
     Conflict,
     ExecutionCollision,
     ExecutionInFlight,
@@ -54,8 +57,11 @@ from bastion.errors import (
 )
 from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
 from bastion.store.base import (
+    AgentSessionRecord,
     AppendBuilder,
     ChainInfo,
+    CredentialKind,
+    CredentialRecord,
     ExecutionRecord,
     GenerationRecord,
     Readmitted,
@@ -73,6 +79,7 @@ T = TypeVar("T")
 _EPOCH_ZERO = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 _BINDING_RULE = re.compile(r"[0-9a-f]{64}")
+_DIGEST_RULE = _BINDING_RULE
 
 
 class SqliteStore:
@@ -552,6 +559,140 @@ class SqliteStore:
 
         return await self._read(op)
 
+    # ------------------------------------------------------------ agent sessions and credentials
+    # Unfenced admin writes: see store/base.py, "Agent sessions and credentials".
+
+    async def create_agent_session(
+        self,
+        *,
+        human: str,
+        agent: AgentId,
+        team: str | None,
+        scopes: frozenset[str],
+        now: datetime,
+        expires_at: datetime,
+    ) -> AgentSessionRecord:
+        if not human or not agent or team == "":
+            raise ValueError("human and agent must be non-empty, team non-empty or None")
+        created_us, expires_us = _to_us(now), _to_us(expires_at)
+        if expires_us <= created_us:
+            raise ValueError("an agent session must expire after it is created")
+        agent_session_id = "as_" + secrets.token_hex(16)
+        scopes_json = _dumps(sorted(scopes))
+
+        def op(conn: sqlite3.Connection) -> AgentSessionRecord:
+            conn.execute(
+                "INSERT INTO agent_sessions (agent_session_id, human, agent, team, scopes, created_at,"
+                " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (agent_session_id, human, agent, team, scopes_json, created_us, expires_us),
+            )
+            return _select_agent_session(conn, agent_session_id)  # type: ignore[return-value]
+
+        return await self._write(op)
+
+    async def add_credential(
+        self, agent_session_id: str, kind: CredentialKind, digest: str, *, now: datetime
+    ) -> CredentialRecord:
+        kind = CredentialKind(kind)
+        _check_digest(digest)
+        now_us = _to_us(now)
+
+        def op(conn: sqlite3.Connection) -> CredentialRecord:
+            _usable_agent_session(conn, agent_session_id, now)
+            return _insert_credential(conn, agent_session_id, kind, digest, now_us, None)
+
+        return await self._write(op)
+
+    async def find_credential(
+        self, kind: CredentialKind, digest: str
+    ) -> tuple[CredentialRecord, AgentSessionRecord] | None:
+        kind = CredentialKind(kind)
+
+        def op(conn: sqlite3.Connection) -> tuple[CredentialRecord, AgentSessionRecord] | None:
+            row = conn.execute(
+                _SELECT_CREDENTIAL + " WHERE kind = ? AND digest = ?", (kind, digest)
+            ).fetchone()
+            if row is None:
+                return None
+            credential = _credential_from_row(row)
+            # One read transaction for both rows: the pair is consistent.
+            agent_session = _select_agent_session(conn, credential.agent_session_id)
+            assert agent_session is not None  # the foreign key guarantees it
+            return credential, agent_session
+
+        return await self._read(lambda conn: _in_read_transaction(conn, op))
+
+    async def get_agent_session(self, agent_session_id: str) -> AgentSessionRecord | None:
+        return await self._read(lambda conn: _select_agent_session(conn, agent_session_id))
+
+    async def list_agent_sessions(self, *, agent: AgentId | None = None) -> list[AgentSessionRecord]:
+        def op(conn: sqlite3.Connection) -> list[AgentSessionRecord]:
+            rows = conn.execute(
+                _SELECT_AGENT_SESSION
+                + " WHERE (? IS NULL OR agent = ?) ORDER BY created_at, agent_session_id",
+                (agent, agent),
+            ).fetchall()
+            return [_agent_session_from_row(row) for row in rows]
+
+        return await self._read(op)
+
+    async def list_credentials(self, agent_session_id: str) -> list[CredentialRecord]:
+        def op(conn: sqlite3.Connection) -> list[CredentialRecord]:
+            rows = conn.execute(
+                _SELECT_CREDENTIAL + " WHERE agent_session_id = ? ORDER BY created_at, rowid",
+                (agent_session_id,),
+            ).fetchall()
+            return [_credential_from_row(row) for row in rows]
+
+        return await self._read(op)
+
+    async def revoke_agent_session(
+        self, agent_session_id: str, *, by: str, reason: str, now: datetime
+    ) -> AgentSessionRecord:
+        if not by:
+            raise ValueError("a revocation names who revoked")
+        now_us = _to_us(now)
+
+        def op(conn: sqlite3.Connection) -> AgentSessionRecord:
+            # The first revocation wins; a later one records nothing over it.
+            conn.execute(
+                "UPDATE agent_sessions SET revoked_at = ?, revoked_by = ?, revoke_reason = ?"
+                " WHERE agent_session_id = ? AND revoked_at IS NULL",
+                (now_us, by, reason, agent_session_id),
+            )
+            record = _select_agent_session(conn, agent_session_id)
+            if record is None:
+                raise Conflict("unknown agent session", agent_session_id=agent_session_id)
+            return record
+
+        return await self._write(op)
+
+    async def renew_credential(
+        self, old_credential_id: str, new_digest: str, *, now: datetime
+    ) -> CredentialRecord:
+        _check_digest(new_digest)
+        now_us = _to_us(now)
+
+        def op(conn: sqlite3.Connection) -> CredentialRecord:
+            row = conn.execute(
+                _SELECT_CREDENTIAL + " WHERE credential_id = ?", (old_credential_id,)
+            ).fetchone()
+            if row is None:
+                raise Conflict("unknown credential", credential_id=old_credential_id)
+            old = _credential_from_row(row)
+            if old.superseded_at is not None:
+                raise Conflict("the credential was already superseded", credential_id=old_credential_id)
+            _usable_agent_session(conn, old.agent_session_id, now)
+            conn.execute(
+                "UPDATE credentials SET superseded_at = ? WHERE credential_id = ?",
+                (now_us, old_credential_id),
+            )
+            return _insert_credential(
+                conn, old.agent_session_id, old.kind, new_digest, now_us, old_credential_id
+            )
+
+        return await self._write(op)
+
 
 def _conforms(store: SqliteStore) -> Store:
     """Let mypy check that the engine implements the whole contract."""
@@ -795,3 +936,77 @@ def _insert_entry(
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
         (entry.session_id, entry.seq, entry.prev, entry.hash, entry_json, worker, epoch),
     )
+
+
+_SELECT_AGENT_SESSION = (
+    "SELECT agent_session_id, human, agent, team, scopes, created_at, expires_at, revoked_at, revoked_by,"
+    " revoke_reason FROM agent_sessions"
+)
+_SELECT_CREDENTIAL = (
+    "SELECT credential_id, agent_session_id, kind, digest, created_at, superseded_at, renewed_from"
+    " FROM credentials"
+)
+
+
+def _agent_session_from_row(row: tuple[Any, ...]) -> AgentSessionRecord:
+    return AgentSessionRecord(
+        row[0], row[1], AgentId(row[2]), row[3], frozenset(json.loads(row[4])),
+        _from_us(row[5]), _from_us(row[6]), None if row[7] is None else _from_us(row[7]), row[8], row[9],
+    )  # fmt: skip
+
+
+def _select_agent_session(conn: sqlite3.Connection, agent_session_id: str) -> AgentSessionRecord | None:
+    row = conn.execute(_SELECT_AGENT_SESSION + " WHERE agent_session_id = ?", (agent_session_id,)).fetchone()
+    return None if row is None else _agent_session_from_row(row)
+
+
+def _usable_agent_session(conn: sqlite3.Connection, agent_session_id: str, now: datetime) -> None:
+    """Raise unless the agent session exists, is not revoked and has not expired at ``now``."""
+    record = _select_agent_session(conn, agent_session_id)
+    if record is None:
+        raise Conflict("unknown agent session", agent_session_id=agent_session_id)
+    if record.revoked_at is not None:
+        raise AgentSessionRevoked()
+    if now >= record.expires_at:
+        raise AgentSessionExpired()
+
+
+def _credential_from_row(row: tuple[Any, ...]) -> CredentialRecord:
+    return CredentialRecord(
+        row[0], row[1], CredentialKind(row[2]), row[3], _from_us(row[4]),
+        None if row[5] is None else _from_us(row[5]), row[6],
+    )  # fmt: skip
+
+
+def _insert_credential(
+    conn: sqlite3.Connection,
+    agent_session_id: str,
+    kind: CredentialKind,
+    digest: str,
+    now_us: int,
+    renewed_from: str | None,
+) -> CredentialRecord:
+    if conn.execute("SELECT 1 FROM credentials WHERE kind = ? AND digest = ?", (kind, digest)).fetchone():
+        raise Conflict("this credential was bound before", kind=kind.value)
+    credential_id = "cred_" + secrets.token_hex(12)
+    conn.execute(
+        "INSERT INTO credentials (credential_id, agent_session_id, kind, digest, created_at, superseded_at,"
+        " renewed_from) VALUES (?, ?, ?, ?, ?, NULL, ?)",
+        (credential_id, agent_session_id, kind, digest, now_us, renewed_from),
+    )
+    row = conn.execute(_SELECT_CREDENTIAL + " WHERE credential_id = ?", (credential_id,)).fetchone()
+    return _credential_from_row(row)
+
+
+def _check_digest(digest: str) -> None:
+    if not isinstance(digest, str) or not _DIGEST_RULE.fullmatch(digest):
+        raise ValueError("a credential digest is 64 lowercase hex digits (SHA-256)")
+
+
+def _in_read_transaction(conn: sqlite3.Connection, op: Callable[[sqlite3.Connection], T]) -> T:
+    """Run ``op`` in one read transaction (one snapshot of the WAL), so related rows agree."""
+    conn.execute("BEGIN")
+    try:
+        return op(conn)
+    finally:
+        conn.execute("COMMIT")

@@ -23,8 +23,11 @@ from bastion.audit.entry import AuditEntry
 from bastion.errors import NotDurable
 from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
 from bastion.store.base import (
+    AgentSessionRecord,
     AppendBuilder,
     ChainInfo,
+    CredentialKind,
+    CredentialRecord,
     ExecutionRecord,
     GenerationRecord,
     RecoveredExecution,
@@ -50,6 +53,10 @@ FailPoint = Literal[
     "append_entry",
     "close_chain",
     "store_claim",
+    "create_agent_session",
+    "add_credential",
+    "revoke_agent_session",
+    "renew_credential",
 ]
 FailWhen = Literal["before_commit", "after_commit"]
 
@@ -245,6 +252,61 @@ class FaultyStore:
 
     async def get_claim(self, session_id: EvidenceSessionId) -> dict[str, Any] | None:
         return await self.inner.get_claim(session_id)
+
+    # ------------------------------------------------------------ agent sessions and credentials
+
+    async def create_agent_session(
+        self,
+        *,
+        human: str,
+        agent: AgentId,
+        team: str | None,
+        scopes: frozenset[str],
+        now: datetime,
+        expires_at: datetime,
+    ) -> AgentSessionRecord:
+        return await self._guard(
+            "create_agent_session",
+            lambda: self.inner.create_agent_session(
+                human=human, agent=agent, team=team, scopes=scopes, now=now, expires_at=expires_at
+            ),
+        )
+
+    async def add_credential(
+        self, agent_session_id: str, kind: CredentialKind, digest: str, *, now: datetime
+    ) -> CredentialRecord:
+        return await self._guard(
+            "add_credential", lambda: self.inner.add_credential(agent_session_id, kind, digest, now=now)
+        )
+
+    async def find_credential(
+        self, kind: CredentialKind, digest: str
+    ) -> tuple[CredentialRecord, AgentSessionRecord] | None:
+        return await self.inner.find_credential(kind, digest)
+
+    async def get_agent_session(self, agent_session_id: str) -> AgentSessionRecord | None:
+        return await self.inner.get_agent_session(agent_session_id)
+
+    async def list_agent_sessions(self, *, agent: AgentId | None = None) -> list[AgentSessionRecord]:
+        return await self.inner.list_agent_sessions(agent=agent)
+
+    async def list_credentials(self, agent_session_id: str) -> list[CredentialRecord]:
+        return await self.inner.list_credentials(agent_session_id)
+
+    async def revoke_agent_session(
+        self, agent_session_id: str, *, by: str, reason: str, now: datetime
+    ) -> AgentSessionRecord:
+        return await self._guard(
+            "revoke_agent_session",
+            lambda: self.inner.revoke_agent_session(agent_session_id, by=by, reason=reason, now=now),
+        )
+
+    async def renew_credential(
+        self, old_credential_id: str, new_digest: str, *, now: datetime
+    ) -> CredentialRecord:
+        return await self._guard(
+            "renew_credential", lambda: self.inner.renew_credential(old_credential_id, new_digest, now=now)
+        )
 
 
 def _conforms(store: FaultyStore) -> Store:

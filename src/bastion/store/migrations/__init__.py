@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bastion.store.migrations import sqlite_0001_initial, sqlite_0002_recovery_indexes
+from bastion.store.migrations import (
+    sqlite_0001_initial,
+    sqlite_0002_recovery_indexes,
+    sqlite_0003_agent_sessions,
+)
 
 __all__ = ["SQLITE_MIGRATIONS", "Migration"]
 
@@ -26,6 +30,7 @@ class Migration:
 SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", sqlite_0001_initial.STATEMENTS),
     Migration(2, "recovery_indexes", sqlite_0002_recovery_indexes.STATEMENTS),
+    Migration(3, "agent_sessions", sqlite_0003_agent_sessions.STATEMENTS),
 )
 
 # The list is dense and ordered: migration n sits at index n - 1.
