@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -19,11 +20,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
+from bastion.admin.api import AdminGate, admin_routes
 from bastion.audit.read_paths import EvidenceReadPaths
 from bastion.auth.bearer import StaticBearerAuth
+from bastion.auth.oauth import protected_resource_metadata
+from bastion.errors import ConfigError
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.metrics import GatewayMetrics
 from bastion.policy.snapshot import Snapshot
@@ -61,6 +65,22 @@ def create_app(
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    class _Admin:
+        # Built at start-up (it needs the store); until then, and without an admin credential, 403/404.
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            router = state.get("admin")
+            if router is None:
+                await JSONResponse({"error": {"reason": "starting"}}, status_code=503)(scope, receive, send)
+                return
+            await router(scope, receive, send)
+
+    async def protected_resource(request: Request) -> Response:
+        gateway: Gateway | None = state.get("gateway")
+        auth = gateway.snapshot().auth if gateway is not None else None
+        if auth is None or auth.oauth is None or not auth.resource_url:
+            return JSONResponse({"error": {"reason": "not_configured"}}, status_code=404)
+        return JSONResponse(protected_resource_metadata(auth.resource_url, [auth.oauth.issuer], ()))
+
     class _Mcp:
         # An ASGI app (not a function) so Starlette hands it the raw scope.
         async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -79,7 +99,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        gateway = Gateway(snapshot, options, clock=clock)
+        gateway = Gateway(snapshot, options, metrics=registry, clock=clock)
         GatewayMetrics(registry, gateway)
         state["gateway"] = app.state.gateway = gateway
         async with anyio.create_task_group() as tg:
@@ -88,7 +108,8 @@ def create_app(
                 assert gateway.router is not None
                 state["front"] = FrontDoor(
                     snapshot=gateway.snapshot,
-                    auth=gateway.auth,
+                    authenticate=gateway.authenticate,
+                    challenge=gateway.challenge,
                     registry=gateway.registry,
                     router=gateway.router,
                     close_session=gateway.close_transport_session,
@@ -96,7 +117,9 @@ def create_app(
                     end_request_evidence=gateway.end_request_evidence,
                     audit_isolation=gateway.audit_isolation,
                     serving=gateway.serving,
+                    track_sessionless=gateway.sessionless_call,
                 )
+                state["admin"] = _admin_router(gateway)
                 yield
             finally:
                 await gateway.aclose()
@@ -108,8 +131,37 @@ def create_app(
             Route("/readyz", readyz),
             Route("/metrics", metrics),
             Route("/mcp", _Mcp()),
+            Route("/admin/{rest:path}", _Admin(), methods=["GET", "POST"]),
+            Route("/.well-known/oauth-protected-resource", protected_resource),
+            Route("/.well-known/oauth-protected-resource/mcp", protected_resource),
             Route("/sessions/{session_id}/trace-claim", evidence.trace_claim),
             Route("/audit/export", evidence.export),
         ],
         lifespan=lifespan,
     )
+
+
+def _admin_router(gateway: Gateway) -> Router:
+    """``/admin/...``: agent sessions (revocation cuts live sessions here at once) and policy reload."""
+    assert gateway.store is not None
+    digest = gateway.snapshot().auth.admin_token_sha256
+    gate = AdminGate(digest)
+
+    async def reload(request: Request) -> Response:
+        try:
+            state = await gateway.reload_policy()
+        except ConfigError as exc:
+            return JSONResponse(
+                {"error": {"reason": exc.reason.value, "message": exc.message}, **gateway.policy.state()},
+                status_code=422,
+            )
+        return JSONResponse(state)
+
+    routes = admin_routes(
+        gateway.store,
+        admin_token_sha256=digest,
+        clock=lambda: datetime.now(UTC),
+        on_revoke=gateway.end_agent_session,
+    )
+    routes.append(Route("/admin/reload", gate.wrap(reload), methods=["POST"]))
+    return Router(routes=routes)

@@ -17,6 +17,7 @@ and the audit entry owed is written once storage returns.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,16 +34,19 @@ from bastion.errors import (
     BastionError,
     CallRefused,
     ExecutionCollision,
+    ExecutionIdRequired,
     ExecutionInFlight,
     ExecutionReplay,
     InvalidParams,
     NotDurable,
+    StaleEpoch,
     StoreError,
     UnknownTool,
     UpstreamError,
     UpstreamUnavailable,
 )
 from bastion.ids import CallId, new_call_id
+from bastion.policy.decide import RateLimiter, decide
 from bastion.policy.snapshot import Snapshot
 from bastion.store.base import Store
 from bastion.store.health import StoreHealth
@@ -104,7 +108,11 @@ class ToolCallPath:
         store: Store,
         membership: WorkerMembership,
         health: StoreHealth,
+        limiter: RateLimiter,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._limiter = limiter
+        self._monotonic = monotonic
         self._fleet = fleet
         self._snapshot = snapshot
         self._store = store
@@ -126,6 +134,10 @@ class ToolCallPath:
         scope = caller.evidence
         try:
             return await self._run(caller, params, snapshot, attempt, scope)
+        except StaleEpoch:
+            # A newer epoch holds this worker's generation: it stops serving from now on.
+            self._membership.superseded = True
+            raise
         except (CallRefused, InvalidParams) as exc:
             if not exc.data.get("audited"):
                 await self._audit_refusal(scope, attempt, exc)
@@ -154,14 +166,25 @@ class ToolCallPath:
             raise InvalidParams("Invalid params: tools/call arguments must be an object")
         attempt.envelope, params = read_envelope(params)
 
-        # (3) Agent session check: static configured agents neither expire nor get revoked;
-        #     agent sessions with expiry and revocation arrive with issue #4.
-        # (4) Grant decision: resolve the tool in the surface. Per-agent grants arrive with issue #4;
-        #     until then every configured agent may call every exposed tool.
+        # (3) Agent session check: done on this very request by the authenticator (expiry and
+        #     revocation as of now); a revocation also cancels calls already in flight (gateway.py).
+        # (4) Grant decision against the one snapshot in force; its version goes into every entry.
         entry = self._fleet.lookup(name)
         if entry is None:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
         attempt.entry = entry
+        decision = decide(
+            snapshot,
+            caller.principal,
+            entry.server,
+            entry.namespace,
+            entry.upstream_name,
+            arguments,
+            now=self._monotonic(),
+            limiter=self._limiter,
+        )
+        if decision.require_execution_id and attempt.envelope.execution_id is None:
+            raise ExecutionIdRequired(tool=entry.exposed_name)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)
         # (5) Attachment gate for mutating tools: issue #5.
@@ -194,20 +217,41 @@ class ToolCallPath:
             except StoreError as exc:
                 self._health.failed(exc)
                 raise
-        await self._record(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
-
         # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
         upstream = self._fleet.upstreams[entry.server]
-        if execution_id is not None:
+        if execution_id is None:
+            # No execution state to move: the admitted entry is the last durable write before the send.
+            await self._record(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
+        else:
             if not upstream.health().connected:
+                await self._record(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
                 await self._release(caller, attempt, scope)
                 raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
-            try:
-                await self._store.mark_invoking(caller.agent, execution_id, worker=worker, epoch=epoch)
-            except StoreError as exc:
-                self._health.failed(exc)
-                raise
-        await self._record(scope, attempt, AuditEvent.INVOKING)
+            # The admitted entry and the durable "invoking" mark are independent writes:
+            # issued together, group commit makes them one fsync. Both must land before the send.
+            failures: list[StoreError] = []
+
+            async def mark_invoking() -> None:
+                try:
+                    await self._store.mark_invoking(caller.agent, execution_id, worker=worker, epoch=epoch)
+                except StoreError as exc:
+                    self._health.failed(exc)
+                    failures.append(exc)
+
+            async def admitted() -> None:
+                try:
+                    await self._record(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
+                except StoreError as exc:
+                    failures.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(mark_invoking)
+                tg.start_soon(admitted)
+            if failures:
+                # Nothing was sent. The row stays as the store left it (reserved or invoking):
+                # refused until recovery settles it, never guessed into permission.
+                raise failures[0]
+            await self._record(scope, attempt, AuditEvent.INVOKING)
         ctx = CallContext(
             relay=caller.relay,
             client_capabilities=caller.client_capabilities,
@@ -263,7 +307,7 @@ class ToolCallPath:
             except StoreError as exc:
                 # Not durable: the row stays invoking (refused forever), never terminal by guess.
                 fields = {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value}
-                self._health.failed(exc, owed=lambda: scope.record(AuditEvent.REFUSED, **fields))
+                self._health.failed(exc, owed=lambda: scope.record_owed(AuditEvent.REFUSED, **fields))
                 raise NotDurable(
                     "The outcome could not be made durable; this execution_id stays refused",
                     observed_outcome=state.value,
@@ -291,7 +335,7 @@ class ToolCallPath:
         try:
             entry = await scope.record(event, **fields)
         except StoreError as exc:
-            self._health.failed(exc, owed=lambda: scope.record(event, **fields))
+            self._health.failed(exc, owed=lambda: scope.record_owed(event, **fields))
             raise NotDurable("The audit entry could not be made durable") from exc
         if entry is not None:
             attempt.last = entry

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bastion.audit.scope import EvidenceScope
+from bastion.auth.principal import Principal
 from bastion.ids import AgentId
 from bastion.session.state import TransportSession
 from bastion.upstream.base import CallRelay
@@ -25,6 +26,7 @@ class Caller:
     """The authenticated agent behind one request and the channel back to it."""
 
     agent: AgentId
+    principal: Principal
     protocol_version: str
     client_capabilities: Mapping[str, Any]
     transport_session: TransportSession | None  # None in the sessionless era

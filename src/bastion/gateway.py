@@ -13,10 +13,11 @@ predecessor left; start the upstreams; then serve.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -25,6 +26,8 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import httpx
+from prometheus_client import CollectorRegistry
 
 from bastion import __version__
 from bastion.audit.chain import CloseReason
@@ -33,16 +36,23 @@ from bastion.audit.entry import AuditEvent, Decision
 from bastion.audit.recorder import EvidenceRecorder
 from bastion.audit.scope import EvidenceScope
 from bastion.audit.tee import DEFAULT_TSM_REPORT_ROOT, ConfigfsTsm, no_attestation
+from bastion.auth.agent_session import StoreBearerAuth
+from bastion.auth.authenticator import Authenticator
 from bastion.auth.bearer import StaticBearerAuth
+from bastion.auth.oauth import OAuthVerifier, resource_metadata_url, www_authenticate
+from bastion.auth.principal import Principal
 from bastion.call import ToolCallPath
 from bastion.crypto.keys import Keyring
-from bastion.errors import StoreError, WorkerSuperseded
+from bastion.errors import ConfigError, StoreError, WorkerSuperseded
 from bastion.ids import AgentId
 from bastion.methods import MethodRouter
+from bastion.policy.decide import RateLimiter
+from bastion.policy.load import load_snapshot
+from bastion.policy.reload import SnapshotHolder
 from bastion.policy.snapshot import Snapshot
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import TransportSession
-from bastion.store.base import Store
+from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
 from bastion.store.sqlite import SqliteStore
 from bastion.transport.jsonrpc import dumps
@@ -55,6 +65,8 @@ __all__ = ["Gateway", "RuntimeOptions"]
 logger = logging.getLogger(__name__)
 
 _SWEEP_INTERVAL_S = 5.0
+# A revocation made at another replica reaches this one within this bound (plus one store read).
+REVOCATION_SYNC_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -90,11 +102,22 @@ class Gateway:
     """Everything one gateway process serves with."""
 
     def __init__(
-        self, snapshot: Snapshot, options: RuntimeOptions, *, clock: Callable[[], float] = time.monotonic
+        self,
+        snapshot: Snapshot,
+        options: RuntimeOptions,
+        *,
+        metrics: CollectorRegistry,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._snapshot = snapshot
+        self.policy = SnapshotHolder(snapshot, registry=metrics)
         self.options = options
-        self._auth = StaticBearerAuth(snapshot)
+        self._static_auth = (snapshot.version, StaticBearerAuth(snapshot))
+        self.limiter = RateLimiter()
+        self.authenticator: Authenticator | None = None
+        self._oauth_http: httpx.AsyncClient | None = None
+        # Sessionless requests in flight, by agent session, so a revocation can cancel them too.
+        self._sessionless_in_flight: dict[str, set[anyio.CancelScope]] = {}
+        self._applied_revocations: set[str] = set()
         self.registry = SessionRegistry(
             idle_timeout_s=snapshot.gateway.transport_session_idle_s,
             max_sessions=snapshot.gateway.max_transport_sessions,
@@ -116,14 +139,30 @@ class Gateway:
         )
 
     def snapshot(self) -> Snapshot:
-        return self._snapshot
+        """The snapshot in force now (a call reads it once and keeps it)."""
+        return self.policy.current
 
     def auth(self) -> StaticBearerAuth:
-        return self._auth
+        snapshot = self.policy.current
+        version, _ = self._static_auth
+        if version != snapshot.version:
+            self._static_auth = (snapshot.version, StaticBearerAuth(snapshot))
+        return self._static_auth[1]
+
+    def challenge(self) -> str:
+        """The ``WWW-Authenticate`` value of a 401 (RFC 9728 metadata when OAuth is configured)."""
+        auth = self.policy.current.auth
+        if auth.oauth is not None and auth.resource_url:
+            return www_authenticate(resource_metadata_url(auth.resource_url), error="invalid_token")
+        return 'Bearer realm="bastion"'
+
+    async def authenticate(self, authorization: str | None, query_string: bytes) -> Principal:
+        assert self.authenticator is not None
+        return await self.authenticator.authenticate(authorization, query_string)
 
     def policy_in_force(self) -> PolicyInForce:
-        digest = hashlib.sha256(self._snapshot.version.encode()).hexdigest()
-        return PolicyInForce(bundle_hash="sha256:" + digest, version=self._snapshot.version)
+        digest = hashlib.sha256(self.policy.current.version.encode()).hexdigest()
+        return PolicyInForce(bundle_hash="sha256:" + digest, version=self.policy.current.version)
 
     def _attest(self, chain_root: str) -> dict[str, Any]:
         if self._tsm_reason is not None:
@@ -147,7 +186,9 @@ class Gateway:
                 },
             )
         if options.unsafe_no_audit:
-            logger.warning("UNSAFE: the audit chain is off (--unsafe-no-audit); nothing is recorded or claimed")
+            logger.warning(
+                "UNSAFE: the audit chain is off (--unsafe-no-audit); nothing is recorded or claimed"
+            )
         self.membership = WorkerMembership(
             store,
             options.generation,
@@ -155,7 +196,7 @@ class Gateway:
             heartbeat_s=options.heartbeat_s,
             clock=lambda: datetime.now(UTC),
         )
-        took_over = await self.membership.join(config_version=self._snapshot.version)
+        took_over = await self.membership.join(config_version=self.policy.current.version)
         self.recorder = EvidenceRecorder(
             store,
             self.keyring,
@@ -184,9 +225,21 @@ class Gateway:
                 },
             )
         self.call_path = ToolCallPath(
-            self.fleet, self.snapshot, store=store, membership=self.membership, health=self.health
+            self.fleet,
+            self.snapshot,
+            store=store,
+            membership=self.membership,
+            health=self.health,
+            limiter=self.limiter,
         )
-        self.router = MethodRouter(self.fleet, self.call_path)
+        self.router = MethodRouter(self.fleet, self.call_path, self.snapshot)
+        oauth = self.policy.current.auth.oauth
+        verifier = None
+        if oauth is not None:
+            self._oauth_http = httpx.AsyncClient(timeout=oauth.jwks_timeout_s, trust_env=False)
+            verifier = OAuthVerifier(oauth, self._oauth_http)
+        self.authenticator = Authenticator(self.auth, StoreBearerAuth(store), verifier)
+        task_group.start_soon(self._follow_revocations)
         await self.fleet.start(task_group)
         task_group.start_soon(self.membership.heartbeat_forever)
         task_group.start_soon(self.health.watch, self._probe_store)
@@ -202,6 +255,8 @@ class Gateway:
             for transport_session in list(self.registry):
                 await self.close_transport_session(transport_session, "shutdown")
             await self.fleet.aclose()
+            if self._oauth_http is not None:
+                await self._oauth_http.aclose()
             if self.store is not None:
                 await self.store.aclose()
 
@@ -217,7 +272,7 @@ class Gateway:
         return EvidenceScope(
             self.recorder,
             agent,
-            policy_version=self._snapshot.version,
+            policy_version=self.policy.current.version,
             unsafe_disabled=self.options.unsafe_no_audit,
         )
 
@@ -242,6 +297,109 @@ class Gateway:
         except StoreError as exc:
             self.health.failed(exc)
         await self._close_evidence(scope, CloseReason.REQUEST_END)
+
+    # ------------------------------------------------------------------ revocation
+
+    @contextlib.contextmanager
+    def sessionless_call(self, principal: Principal, scope: anyio.CancelScope) -> Iterator[None]:
+        """Track a sessionless request so revoking its agent session cancels it."""
+        key = principal.agent_session_id
+        if key is None:
+            yield
+            return
+        self._sessionless_in_flight.setdefault(key, set()).add(scope)
+        try:
+            yield
+        finally:
+            scopes = self._sessionless_in_flight.get(key)
+            if scopes is not None:
+                scopes.discard(scope)
+                if not scopes:
+                    del self._sessionless_in_flight[key]
+
+    async def end_agent_session(self, record: AgentSessionRecord) -> dict[str, Any]:
+        """Apply a revocation here, at once: one audited operation that ends everything of that agent session.
+
+        Its next request on any transport session is refused by the authenticator;
+        this cancels its in-flight calls (an execution in flight ends
+        ``outcome_unknown`` unless the upstream already answered), closes its
+        upstream sessions and its evidence sessions (claims issued), and writes
+        one ``revocation`` audit entry listing what it ended. Idempotent.
+        """
+        ended = [t for t in self.registry if t.principal.agent_session_id == record.agent_session_id]
+        in_flight = sum(len(t.in_flight) for t in ended)
+        evidence_closed: list[str] = []
+        for transport_session in ended:
+            if transport_session.evidence.session_id is not None:
+                evidence_closed.append(transport_session.evidence.session_id)
+            await self.close_transport_session(transport_session, CloseReason.REVOCATION.value)
+        sessionless = self._sessionless_in_flight.pop(record.agent_session_id, set())
+        for cancel_scope in sessionless:
+            cancel_scope.cancel()
+        summary = {
+            "agent_session_id": record.agent_session_id,
+            "transport_sessions_closed": len(ended),
+            "calls_cancelled": in_flight + len(sessionless),
+            "evidence_sessions_closed": evidence_closed,
+        }
+        if ended or sessionless:
+            evidence = self.evidence_for(AgentId(record.agent))
+            try:
+                await evidence.record(
+                    AuditEvent.REVOCATION,
+                    decision=Decision.DENY.value,
+                    reason="agent_session_revoked",
+                    detail={
+                        **summary,
+                        "revoked_by": record.revoked_by,
+                        "revoke_reason": record.revoke_reason,
+                    },
+                )
+                await evidence.close(CloseReason.REVOCATION)
+            except StoreError as exc:
+                self.health.failed(exc)
+            logger.warning("agent session revoked: live sessions ended", extra=summary)
+        self._applied_revocations.add(record.agent_session_id)
+        return summary
+
+    async def _follow_revocations(self) -> None:
+        """Apply revocations made at other replicas (the store is the truth): bound REVOCATION_SYNC_S."""
+        assert self.store is not None
+        while True:
+            await anyio.sleep(REVOCATION_SYNC_S)
+            live = {t.principal.agent_session_id for t in self.registry} | set(self._sessionless_in_flight)
+            live.discard(None)
+            for agent_session_id in live:
+                if agent_session_id is None or agent_session_id in self._applied_revocations:
+                    continue
+                try:
+                    record = await self.store.get_agent_session(agent_session_id)
+                except StoreError:
+                    continue
+                if record is not None and record.revoked_at is not None:
+                    await self.end_agent_session(record)
+
+    # ------------------------------------------------------------------ policy reload
+
+    async def reload_policy(self) -> dict[str, Any]:
+        """Validate the configuration file again and swap it in atomically, or keep the last valid one.
+
+        Upstream servers are fixed for the life of the process: a file whose
+        ``servers`` differ is refused (restart to apply), and the snapshot in
+        force stays.
+        """
+        current = self.policy.current
+        if current.source is None:
+            raise ConfigError("this gateway runs a built-in configuration; there is no file to reload")
+
+        def loader() -> Snapshot:
+            candidate = load_snapshot(current.source)  # type: ignore[arg-type]
+            if dict(candidate.servers) != dict(current.servers):
+                raise ConfigError(f"{current.source}: servers changed; restart the gateway to apply them")
+            return candidate
+
+        self.policy.reload(loader, source=current.source)
+        return self.policy.state()
 
     # ------------------------------------------------------------------ sessions
 
@@ -291,9 +449,11 @@ class Gateway:
             and not self.health.degraded
             and not superseded
         )
+        policy_state = self.policy.state()
         return ready, {
             "ready": ready,
-            "policy_version": self._snapshot.version,
+            "policy_version": self.policy.current.version,
+            "policy_reload_error": policy_state.get("last_reload_error"),
             "transport_sessions": len(self.registry),
             "upstreams": upstreams,
             "skipped_tools": list(self.fleet.skipped_tools),

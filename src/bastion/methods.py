@@ -16,6 +16,8 @@ from bastion import __version__
 from bastion.call import ToolCallPath
 from bastion.caller import Caller
 from bastion.errors import InvalidParams, MethodNotFound
+from bastion.policy.decide import visible_tools
+from bastion.policy.snapshot import Snapshot
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.versions import MODERN_VERSIONS
 
@@ -59,7 +61,10 @@ Handler = Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]
 class MethodRouter:
     """Maps a JSON-RPC method to the code that answers it."""
 
-    def __init__(self, fleet: UpstreamFleet, call_path: ToolCallPath) -> None:
+    def __init__(
+        self, fleet: UpstreamFleet, call_path: ToolCallPath, snapshot: Callable[[], Snapshot]
+    ) -> None:
+        self._snapshot = snapshot
         self._fleet = fleet
         self._call_path = call_path
         self._handlers: dict[str, Handler] = {
@@ -98,9 +103,12 @@ class MethodRouter:
         }
 
     async def _tools_list(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
-        # One page: the surface is the gateway's own merged catalog, already in memory.
-        tools = [dict(entry.definition) for entry in self._fleet.catalog.values()]
-        return {"tools": tools}
+        # One page: the surface is the gateway's own merged catalog, already in memory,
+        # narrowed to the tools this principal's grants cover in the snapshot in force.
+        visible = visible_tools(self._snapshot(), caller.principal, self._fleet.catalog.values())
+        if caller.transport_session is not None:
+            caller.transport_session.surface_namespaces = frozenset(entry.namespace for entry in visible)
+        return {"tools": [dict(entry.definition) for entry in visible]}
 
     async def _set_level(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         level = params.get("level")

@@ -49,6 +49,19 @@ class EvidenceScope:
                 self._evidence = await self._recorder.open(self.agent, policy_version=self._policy_version)
         return await self._recorder.append(self._evidence, event, **fields)
 
+    async def record_owed(self, event: AuditEvent, **fields: Any) -> AuditEntry | None:
+        """Write an entry owed since storage failed: into this chain if it is still open, else into
+        a one-entry chain of its own (the original evidence session has closed meanwhile)."""
+        if self._unsafe_disabled:
+            return None
+        if not self.closed and (self._evidence is None or not self._evidence.closed):
+            return await self.record(event, **fields)
+        late = EvidenceScope(self._recorder, self.agent, policy_version=self._policy_version)
+        detail = {**(fields.get("detail") or {}), "late": True}
+        entry = await late.record(event, **{**fields, "detail": detail})
+        await late.close(CloseReason.REQUEST_END)
+        return entry
+
     async def close(self, reason: CloseReason) -> dict[str, Any] | None:
         """Close the chain (if one was opened) and return its claim."""
         self.closed = True

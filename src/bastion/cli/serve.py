@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import secrets
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 
 import anyio
 import uvicorn
+from starlette.applications import Starlette
 
 from bastion.app import create_app
 from bastion.auth.bearer import hash_token
@@ -23,6 +26,8 @@ from bastion.policy.load import load_snapshot, snapshot_from_mapping
 from bastion.policy.snapshot import Snapshot
 
 __all__ = ["run_serve"]
+
+logger = logging.getLogger(__name__)
 
 DEMO_TOKEN_FILE = "demo-agent.token"  # noqa: S105 - a file name, not a secret
 
@@ -89,6 +94,7 @@ async def _serve(
             for sock in s.sockets:
                 bound = sock.getsockname()[1]
         url = f"http://{host}:{bound}/mcp"
+        tg.start_soon(_reload_on_sighup, app)
         print(f"BASTION READY {url}", flush=True)
         if token_note is not None:
             print(
@@ -154,3 +160,17 @@ def _stop(process: subprocess.Popen[str] | None) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=5)
+
+
+async def _reload_on_sighup(app: Starlette) -> None:
+    """SIGHUP re-reads the configuration; an invalid file leaves the last valid snapshot in force."""
+    with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            gateway = app.state.gateway
+            try:
+                state = await gateway.reload_policy()
+                logger.warning("policy reloaded", extra={"policy_version": state.get("policy_version")})
+            except ConfigError as exc:
+                logger.error(
+                    "policy reload refused; the last valid snapshot stays", extra={"error": exc.message}
+                )

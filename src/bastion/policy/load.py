@@ -22,10 +22,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from bastion.auth.oauth import ClaimRules, OAuthSettings
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
 from bastion.policy.grants import Grant, Rate, Subject, SubjectKind, check_arguments_schema
-from bastion.policy.snapshot import AgentSpec, GatewaySettings, ServerSpec, Snapshot, UpstreamKind
+from bastion.policy.snapshot import (
+    AgentSpec,
+    AuthSettings,
+    GatewaySettings,
+    ServerSpec,
+    Snapshot,
+    UpstreamKind,
+)
 
 __all__ = ["load_snapshot", "snapshot_from_mapping"]
 
@@ -38,7 +46,23 @@ _ENV_NAME = re.compile(r"^[^=\x00]+$")
 _DOLLAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
-_TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants"})
+_TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants", "auth"})
+_AUTH_KEYS = frozenset({"resource_url", "admin_token_sha256", "auditor_token_sha256", "oauth"})
+_OAUTH_KEYS = frozenset(
+    {
+        "issuer",
+        "jwks_url",
+        "audience",
+        "algorithms",
+        "leeway_s",
+        "agent_claims",
+        "agent_prefix",
+        "human_claims",
+        "team_claim",
+        "scope_claims",
+        "agent_session_claim",
+    }
+)
 _GATEWAY_KEYS = frozenset(
     {
         "tool_separator",
@@ -111,6 +135,7 @@ def snapshot_from_mapping(
     servers = _read_servers(ctx, top.get("servers"))
     agents = _read_agents(ctx, top.get("agents"))
     grants = _read_grants(ctx, top.get("grants"), servers)
+    auth = _read_auth(ctx, top.get("auth"))
     return ctx.build(
         Snapshot,
         version=version,
@@ -119,10 +144,67 @@ def snapshot_from_mapping(
         agents=agents,
         source=source,
         grants=grants,
+        auth=auth,
     )
 
 
 # ---------------------------------------------------------------- sections
+
+
+def _read_auth(ctx: _Context, value: Any) -> AuthSettings:
+    if value is None:
+        return ctx.build(AuthSettings)
+    table = ctx.table(value, "auth")
+    ctx.refuse_unknown(table, _AUTH_KEYS, "auth")
+    resource_url = ctx.string(table["resource_url"], "auth.resource_url") if "resource_url" in table else None
+    if resource_url is not None:
+        _check_url(ctx, resource_url, "auth.resource_url")
+    admin = (
+        ctx.string(table["admin_token_sha256"], "auth.admin_token_sha256")
+        if "admin_token_sha256" in table
+        else None
+    )
+    auditors = (
+        ctx.string_list(table["auditor_token_sha256"], "auth.auditor_token_sha256")
+        if "auditor_token_sha256" in table
+        else []
+    )
+    oauth = None
+    if "oauth" in table:
+        oauth_table = ctx.table(table["oauth"], "auth.oauth")
+        ctx.refuse_unknown(oauth_table, _OAUTH_KEYS, "auth.oauth")
+        for required in ("issuer", "jwks_url"):
+            if required not in oauth_table:
+                raise ctx.error(f"auth.oauth.{required}", "missing key")
+        claims: dict[str, Any] = {}
+        for key in ("agent_claims", "human_claims", "scope_claims"):
+            if key in oauth_table:
+                claims[key] = tuple(ctx.string_list(oauth_table[key], f"auth.oauth.{key}"))
+        for key in ("agent_prefix", "team_claim", "agent_session_claim"):
+            if key in oauth_table:
+                claims[key] = ctx.string(oauth_table[key], f"auth.oauth.{key}")
+        settings: dict[str, Any] = {
+            "issuer": ctx.string(oauth_table["issuer"], "auth.oauth.issuer"),
+            "jwks_url": ctx.string(oauth_table["jwks_url"], "auth.oauth.jwks_url"),
+            "audience": ctx.string(oauth_table["audience"], "auth.oauth.audience")
+            if "audience" in oauth_table
+            else (resource_url or ""),
+            "claims": ctx.build(ClaimRules, **claims),
+        }
+        if "algorithms" in oauth_table:
+            settings["algorithms"] = tuple(
+                ctx.string_list(oauth_table["algorithms"], "auth.oauth.algorithms")
+            )
+        if "leeway_s" in oauth_table:
+            settings["leeway_s"] = ctx.number(oauth_table["leeway_s"], "auth.oauth.leeway_s")
+        oauth = ctx.build(OAuthSettings, **settings)
+    return ctx.build(
+        AuthSettings,
+        resource_url=resource_url,
+        admin_token_sha256=admin,
+        auditor_token_sha256=tuple(auditors),
+        oauth=oauth,
+    )
 
 
 def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from bastion.auth.oauth import OAuthSettings
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
 from bastion.policy.grants import Grant
@@ -22,6 +23,7 @@ from bastion.policy.grants import Grant
 __all__ = [
     "TOOL_NAME_RULE",
     "AgentSpec",
+    "AuthSettings",
     "GatewaySettings",
     "ServerSpec",
     "Snapshot",
@@ -114,6 +116,29 @@ class AgentSpec:
 
 
 @dataclass(frozen=True)
+class AuthSettings:
+    """How requests are authenticated beyond static agents: admin and auditor credentials, OAuth.
+
+    ``admin_token_sha256`` absent means the admin API is disabled (fail closed).
+    ``resource_url`` is this gateway's MCP URL: the OAuth audience, and the
+    ``resource`` of its protected-resource metadata.
+    """
+
+    resource_url: str | None = None
+    admin_token_sha256: str | None = None
+    auditor_token_sha256: tuple[str, ...] = ()
+    oauth: OAuthSettings | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "auditor_token_sha256", tuple(self.auditor_token_sha256))
+        for digest in (self.admin_token_sha256, *self.auditor_token_sha256):
+            if digest is not None and not _SHA256_HEX.match(digest):
+                raise ConfigError("auth: token digests must be 64 lowercase hex characters")
+        if self.oauth is not None and not self.resource_url:
+            raise ConfigError("auth.resource_url is required when auth.oauth is configured")
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """One validated configuration, identified by ``version`` (a digest of its source).
 
@@ -127,6 +152,7 @@ class Snapshot:
     servers: Mapping[str, ServerSpec]
     agents: tuple[AgentSpec, ...]
     source: Path | None = None
+    auth: AuthSettings = field(default_factory=AuthSettings)
     grants: tuple[Grant, ...] = ()
 
     def __post_init__(self) -> None:

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from bastion.audit.scope import EvidenceScope
+from bastion.auth.principal import Principal
 from bastion.errors import SessionNotFound
-from bastion.ids import AgentId, TransportSessionId, new_transport_session_id
+from bastion.ids import TransportSessionId, new_transport_session_id
 from bastion.session.state import TransportSession
 
 __all__ = ["SessionRegistry"]
@@ -46,7 +47,7 @@ class SessionRegistry:
 
     def create(
         self,
-        agent: AgentId,
+        principal: Principal,
         protocol_version: str,
         client_capabilities: Mapping[str, Any],
         client_info: Mapping[str, Any],
@@ -59,7 +60,8 @@ class SessionRegistry:
         now = self._clock()
         transport_session = TransportSession(
             id=session_id,
-            agent=agent,
+            agent=principal.agent,
+            principal=principal,
             protocol_version=protocol_version,
             client_capabilities=dict(client_capabilities),
             client_info=dict(client_info),
@@ -73,8 +75,12 @@ class SessionRegistry:
     def at_capacity(self) -> bool:
         return len(self._sessions) >= self._max_sessions
 
-    def get(self, session_id: str, agent: AgentId) -> TransportSession:
-        """The live session ``session_id`` created by ``agent``.
+    def get(self, session_id: str, principal: Principal) -> TransportSession:
+        """The live session ``session_id`` created by this principal (same agent, same credential).
+
+        A renewed or different credential of the same agent does not reach a
+        session opened with the old one: that session stays bound to its
+        credential's rules.
 
         Raises:
             SessionNotFound: unknown, terminated, idle-expired, or created by another agent;
@@ -84,7 +90,10 @@ class SessionRegistry:
         cause: str | None = None
         if transport_session is None:
             cause = "unknown"
-        elif transport_session.agent != agent:
+        elif (
+            transport_session.agent != principal.agent
+            or transport_session.principal.credential_id != principal.credential_id
+        ):
             cause = "foreign"
         elif self._clock() - transport_session.last_seen > self._idle_timeout_s:
             cause = "expired"

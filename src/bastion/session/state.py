@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from bastion.audit.scope import EvidenceScope
+from bastion.auth.principal import Principal
 from bastion.ids import AgentId, TransportSessionId
 from bastion.upstream.base import UpstreamSessions
 
@@ -102,6 +103,7 @@ class TransportSession:
 
     id: TransportSessionId
     agent: AgentId
+    principal: Principal
     protocol_version: str
     client_capabilities: Mapping[str, Any]
     client_info: Mapping[str, Any]
@@ -114,6 +116,8 @@ class TransportSession:
     server_stream: ServerStream = field(default_factory=ServerStream)
     log_level: str | None = None
     terminated: bool = False
+    # Namespaces whose tools this session's last tools/list showed (attachment evidence).
+    surface_namespaces: frozenset[str] | None = None
     _relay_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def next_relay_id(self) -> str:

@@ -66,7 +66,14 @@ class StoreHealth:
         try:
             await probe()
             while self.deferred:
-                await self.deferred[0]()
+                try:
+                    await self.deferred[0]()
+                except StoreError:
+                    raise
+                except Exception:
+                    # A record that can never be written must not wedge recovery: log it, drop it.
+                    logger.exception("an owed audit record could not be written; dropped")
+                    self.dropped += 1
                 self.deferred.popleft()
         except StoreError as exc:
             self.degraded_reason = exc.message
@@ -79,4 +86,7 @@ class StoreHealth:
         while True:
             await anyio.sleep(interval_s)
             if self.degraded:
-                await self.recover(probe)
+                try:
+                    await self.recover(probe)
+                except Exception:  # the watcher must outlive any one failed probe
+                    logger.exception("store recovery probe failed")

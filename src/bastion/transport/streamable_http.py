@@ -19,6 +19,7 @@ This module renders errors; it never decides policy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
@@ -30,7 +31,7 @@ from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
 from bastion.audit.scope import EvidenceScope
-from bastion.auth.bearer import StaticBearerAuth
+from bastion.auth.principal import Principal
 from bastion.caller import Caller
 from bastion.errors import (
     BastionError,
@@ -90,7 +91,8 @@ class FrontDoor:
         self,
         *,
         snapshot: Callable[[], Snapshot],
-        auth: Callable[[], StaticBearerAuth],
+        authenticate: Callable[[str | None, bytes], Awaitable[Principal]],
+        challenge: Callable[[], str],
         registry: SessionRegistry,
         router: MethodRouter,
         close_session: SessionClosed,
@@ -98,9 +100,12 @@ class FrontDoor:
         end_request_evidence: Callable[[EvidenceScope], Awaitable[None]],
         audit_isolation: Callable[[AgentId, str], Awaitable[None]],
         serving: Callable[[], None],
+        track_sessionless: Callable[[Principal, anyio.CancelScope], contextlib.AbstractContextManager[None]],
     ) -> None:
+        self._track_sessionless = track_sessionless
         self._snapshot = snapshot
-        self._auth = auth
+        self._authenticate = authenticate
+        self._challenge = challenge
         self._registry = registry
         self._router = router
         self._close_session = close_session
@@ -126,14 +131,18 @@ class FrontDoor:
         origin = headers.get("origin")
         if origin is not None and origin not in snapshot.gateway.allowed_origins:
             raise OriginForbidden()
-        agent = self._auth().authenticate(headers.get("authorization"), scope.get("query_string", b""))
+        try:
+            principal = await self._authenticate(headers.get("authorization"), scope.get("query_string", b""))
+        except RequestRejected as exc:
+            await _reject(send, exc, None, challenge=self._challenge())
+            return
         version_header = headers.get("mcp-protocol-version")
         if method == "POST":
-            await self._post(scope, receive, send, headers, agent, snapshot)
+            await self._post(scope, receive, send, headers, principal, snapshot)
             return
         if version_header in MODERN_VERSIONS:
             raise MethodNotAllowed("Method Not Allowed: the sessionless era has no GET stream or DELETE")
-        transport_session = await self._session_for(headers, agent)
+        transport_session = await self._session_for(headers, principal)
         if method == "DELETE":
             await self._close_session(transport_session, "client_delete")
             await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -144,7 +153,13 @@ class FrontDoor:
     # ------------------------------------------------------------------ POST
 
     async def _post(
-        self, scope: Scope, receive: Receive, send: Send, headers: Headers, agent: AgentId, snapshot: Snapshot
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: Headers,
+        principal: Principal,
+        snapshot: Snapshot,
     ) -> None:
         # (2) media types, size, JSON, JSON-RPC
         if headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
@@ -160,16 +175,16 @@ class FrontDoor:
 
         # (3) era
         if isinstance(message, Request) and message.method == "initialize":
-            await self._initialize(send, message, agent)
+            await self._initialize(send, message, principal)
             return
         if version_header in MODERN_VERSIONS:
-            await self._post_sessionless(receive, send, headers, agent, message, decoded, sse_allowed)
+            await self._post_sessionless(receive, send, headers, principal, message, decoded, sse_allowed)
             return
         if version_header is not None and version_header not in HANDSHAKE_VERSIONS:
             raise UnsupportedProtocolVersion(
                 supported=[*HANDSHAKE_VERSIONS, *MODERN_VERSIONS], requested=version_header
             )
-        transport_session = await self._session_for(headers, agent)
+        transport_session = await self._session_for(headers, principal)
         if (version_header or DEFAULT_HANDSHAKE_VERSION) != transport_session.protocol_version:
             raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
         if isinstance(message, Notification):
@@ -188,7 +203,8 @@ class FrontDoor:
         if message.id in transport_session.in_flight:
             raise InvalidRequest("Invalid Request: this request id is already in flight on this session")
         caller = Caller(
-            agent=agent,
+            agent=principal.agent,
+            principal=transport_session.principal,
             protocol_version=transport_session.protocol_version,
             client_capabilities=transport_session.client_capabilities,
             transport_session=transport_session,
@@ -203,7 +219,7 @@ class FrontDoor:
         receive: Receive,
         send: Send,
         headers: Headers,
-        agent: AgentId,
+        principal: Principal,
         message: Request | Notification | Response,
         decoded: dict[str, Any],
         sse_allowed: bool,
@@ -230,9 +246,10 @@ class FrontDoor:
             return
         capabilities = getattr(verdict, "client_capabilities", None)
         # One evidence session per sessionless request, closed (claim issued) when the request ends.
-        evidence = self._evidence_for(agent)
+        evidence = self._evidence_for(principal.agent)
         caller = Caller(
-            agent=agent,
+            agent=principal.agent,
+            principal=principal,
             protocol_version=getattr(verdict, "protocol_version", MODERN_VERSIONS[-1]),
             client_capabilities=capabilities if isinstance(capabilities, dict) else {},
             transport_session=None,
@@ -265,11 +282,13 @@ class FrontDoor:
                 transport_session.in_flight[request.id] = InFlightCall(request.id, request.method, call_scope)
             try:
                 if cancel_on_disconnect:
-                    # Sessionless era: closing the request's stream cancels the request.
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(_watch_disconnect, receive, call_scope)
-                        reply, status = await self._dispatch(caller, request, sessionless)
-                        tg.cancel_scope.cancel()
+                    # Sessionless era: closing the request's stream cancels the request, and so
+                    # does revoking its agent session.
+                    with self._track_sessionless(caller.principal, call_scope):
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(_watch_disconnect, receive, call_scope)
+                            reply, status = await self._dispatch(caller, request, sessionless)
+                            tg.cancel_scope.cancel()
                 else:
                     reply, status = await self._dispatch(caller, request, sessionless)
                 await channel.finish(reply, status)
@@ -305,19 +324,19 @@ class FrontDoor:
 
     # ------------------------------------------------------------------ session era
 
-    async def _session_for(self, headers: Headers, agent: AgentId) -> TransportSession:
+    async def _session_for(self, headers: Headers, principal: Principal) -> TransportSession:
         session_id = headers.get("mcp-session-id")
         if not session_id:
             raise SessionIdMissing()
         try:
-            return self._registry.get(session_id, agent)
+            return self._registry.get(session_id, principal)
         except SessionNotFound as exc:
             if exc.cause == "foreign":
                 # Another principal's session id: refused as unknown, and the attempt is audited.
-                await self._audit_isolation(agent, "foreign_session_id")
+                await self._audit_isolation(principal.agent, "foreign_session_id")
             raise
 
-    async def _initialize(self, send: Send, request: Request, agent: AgentId) -> None:
+    async def _initialize(self, send: Send, request: Request, principal: Principal) -> None:
         params = request.params
         requested = params.get("protocolVersion")
         capabilities = params.get("capabilities", {})
@@ -336,7 +355,7 @@ class FrontDoor:
             raise TooManySessions()
         negotiated = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
         transport_session = self._registry.create(
-            agent, negotiated, capabilities, client_info, self._evidence_for(agent)
+            principal, negotiated, capabilities, client_info, self._evidence_for(principal.agent)
         )
         result = {
             "protocolVersion": negotiated,
@@ -446,12 +465,17 @@ async def _accepted(send: Send) -> None:
 
 
 async def _reject(
-    send: Send, error: BastionError, request_id: RequestId | None, *, status: int | None = None
+    send: Send,
+    error: BastionError,
+    request_id: RequestId | None,
+    *,
+    status: int | None = None,
+    challenge: str = 'Bearer realm="bastion"',
 ) -> None:
     body = dumps(error_message(request_id, error))
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if error.http_status == 401:
-        headers.append((b"www-authenticate", b'Bearer realm="bastion"'))
+        headers.append((b"www-authenticate", challenge.encode()))
     if error.http_status == 405:
         headers.append((b"allow", b"GET, POST, DELETE"))
     await send({"type": "http.response.start", "status": status or error.http_status, "headers": headers})
