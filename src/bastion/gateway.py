@@ -46,7 +46,7 @@ from bastion.crypto.keys import Keyring
 from bastion.errors import ConfigError, StoreError, WorkerSuperseded
 from bastion.ids import AgentId
 from bastion.methods import MethodRouter
-from bastion.policy.decide import RateLimiter
+from bastion.policy.decide import RateLimiter, visible_tools
 from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
 from bastion.policy.snapshot import Snapshot
@@ -418,10 +418,13 @@ class Gateway:
         logger.info("transport session closed", extra={"reason": reason, "agent": transport_session.agent})
 
     async def broadcast_tools_changed(self, namespace: str) -> None:
-        # Every session sees every namespace until per-agent grants (issue #4) narrow the surface.
+        """Tell the client sessions that see ``namespace`` (their grants cover one of its tools)."""
         payload = dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        snapshot = self.snapshot()
+        entries = [e for e in self.fleet.catalog.values() if e.namespace == namespace]
         for transport_session in self.registry:
-            transport_session.server_stream.publish(payload)
+            if visible_tools(snapshot, transport_session.principal, entries):
+                transport_session.server_stream.publish(payload)
 
     async def _sweep_idle(self) -> None:
         while True:

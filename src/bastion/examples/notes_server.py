@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from mcp.server.mcpserver import ListRoots, MCPServer, Resolve
+from mcp.server.mcpserver import Context, ListRoots, MCPServer, Resolve
 from mcp_types import ListRootsResult, ToolAnnotations
 
 from bastion.examples.common_tools import READ_ONLY, add_common_tools
@@ -87,6 +87,20 @@ def build_server(notes: NoteFile, counter: FileCounter) -> MCPServer[Any]:
     async def roots(listing: Annotated[ListRootsResult, Resolve(_ask_roots)]) -> str:
         """The client's roots (roots/list), one URI per line."""
         return "\n".join(str(root.uri) for root in listing.roots)
+
+    @server.tool(
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
+        structured_output=False,
+    )
+    async def grow(name: str, ctx: Context) -> str:
+        """Register a new echo tool called ``name`` and announce it (``notifications/tools/list_changed``)."""
+
+        def extra(text: str) -> str:
+            return f"{name}: {text}"
+
+        server.add_tool(extra, name=name, description=f"Echo, registered at run time as {name}.")
+        await ctx.session.send_tool_list_changed()
+        return f"registered {name}"
 
     return server
 

@@ -259,8 +259,9 @@ class StdioUpstream:
 
     async def _on_notification(self, method: str, params: dict[str, Any]) -> None:
         if method == "notifications/tools/list_changed":
-            if self._on_list_changed is not None:
-                await self._on_list_changed(self.name)
+            if self._on_list_changed is not None and self._task_group is not None:
+                # Not awaited here: refreshing sends tools/list, whose answer this very loop must read.
+                self._task_group.start_soon(self._on_list_changed, self.name)
             return
         if method == "notifications/progress":
             token = params.get("progressToken")

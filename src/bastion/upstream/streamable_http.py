@@ -484,8 +484,8 @@ class HttpUpstream:
 
     async def _on_stream_notification(self, method: str, params: dict[str, Any], relay: RequestRelay) -> None:
         if method == "notifications/tools/list_changed":
-            if self._on_list_changed is not None:
-                await self._on_list_changed(self.name)
+            if self._on_list_changed is not None and self._task_group is not None:
+                self._task_group.start_soon(self._on_list_changed, self.name)
             return
         await relay.on_notification(method, params)
 
