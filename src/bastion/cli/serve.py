@@ -79,6 +79,8 @@ async def _serve(
             port=port,
             log_config=None,
             access_log=False,
+            proxy_headers=False,  # no proxy is trusted by default: the peer address is the client
+            server_header=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
         )
