@@ -20,7 +20,7 @@ a JSON-RPC error that the upstream itself answered is
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -71,7 +71,7 @@ class CallRelay(Protocol):
         """Ask the calling client; returns its result or raises :class:`ClientDeclined`."""
 
 
-ListChangedCallback = Callable[[str], Awaitable[None]]
+ListChangedCallback = Callable[[str], Coroutine[Any, Any, None]]
 
 
 class UpstreamSessions:
