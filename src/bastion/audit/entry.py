@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -87,18 +87,21 @@ class AuditEntry:
     hash: str | None = None
 
     def body(self) -> dict[str, Any]:
-        """Every field but ``hash``, the object that is hashed."""
-        data = asdict(self)
-        del data["hash"]
-        return data
+        """Every field but ``hash``, the object that is hashed.
+
+        Shallow on purpose (``asdict`` deep-copies ``detail``, which is never mutated
+        after construction): this runs for every entry on the hot path.
+        """
+        return {name: getattr(self, name) for name in _BODY_FIELDS}
 
     def to_json(self) -> dict[str, Any]:
         """Every field, ``hash`` included, as it is exported."""
-        return asdict(self)
+        return {name: getattr(self, name) for name in ENTRY_FIELDS}
 
     def seal(self) -> AuditEntry:
         """This entry with its ``hash`` computed over its body and ``prev``."""
-        return replace(self, hash=compute_hash(self.prev, self.body()))
+        body = self.body()
+        return AuditEntry(**body, hash=compute_hash(self.prev, body))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AuditEntry:
@@ -111,6 +114,7 @@ class AuditEntry:
 
 
 ENTRY_FIELDS: tuple[str, ...] = tuple(AuditEntry.__dataclass_fields__)
+_BODY_FIELDS: tuple[str, ...] = tuple(name for name in ENTRY_FIELDS if name != "hash")
 
 
 def compute_hash(prev: str, body: dict[str, Any]) -> str:
@@ -127,4 +131,5 @@ def digest_json(value: Any) -> str:
 
 def format_ts(moment: datetime) -> str:
     """RFC 3339 UTC with microseconds, the one timestamp format of the chain."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # Same text as strftime("%Y-%m-%dT%H:%M:%S.%fZ"), at a fraction of the cost.
+    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
