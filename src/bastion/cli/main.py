@@ -27,6 +27,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--generation", default="gateway-0", help="this replica's slot (unique per replica)")
     serve.add_argument("--unsafe-no-audit", action="store_true", help="benchmarks only: no audit chain")
+    serve.add_argument(
+        "--lease-s", type=float, default=10.0, help="worker lease: a silent holder loses its slot"
+    )
+    serve.add_argument("--heartbeat-s", type=float, default=2.0, help="heartbeat interval (below the lease)")
+    serve.add_argument(
+        "--evidence-max-entries", type=int, default=10_000, help="rotate an evidence session here"
+    )
+    serve.add_argument("--evidence-max-age-s", type=float, default=3600.0, help="... or at this age")
 
     check = sub.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("config", type=Path)
@@ -77,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             args.log_level,
             generation=args.generation,
             unsafe_no_audit=args.unsafe_no_audit,
+            lease_s=args.lease_s,
+            heartbeat_s=args.heartbeat_s,
+            evidence_max_entries=args.evidence_max_entries,
+            evidence_max_age_s=args.evidence_max_age_s,
         )
     if args.command == "check-config":
         from bastion.errors import ConfigError

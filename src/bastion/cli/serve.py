@@ -41,7 +41,14 @@ def run_serve(
     *,
     generation: str = "gateway-0",
     unsafe_no_audit: bool = False,
+    lease_s: float = 10.0,
+    heartbeat_s: float = 2.0,
+    evidence_max_entries: int = 10_000,
+    evidence_max_age_s: float = 3600.0,
 ) -> int:
+    if not 0 < heartbeat_s < lease_s or evidence_max_entries < 4 or evidence_max_age_s <= 0:
+        print("bastion: need 0 < --heartbeat-s < --lease-s and sane evidence bounds", file=sys.stderr)
+        return 2
     configure_logging(log_level)
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     demo_upstream: subprocess.Popen[str] | None = None
@@ -59,7 +66,15 @@ def run_serve(
         _stop(demo_upstream)
         return 2
     try:
-        options = RuntimeOptions(data_dir=data_dir, generation=generation, unsafe_no_audit=unsafe_no_audit)
+        options = RuntimeOptions(
+            data_dir=data_dir,
+            generation=generation,
+            unsafe_no_audit=unsafe_no_audit,
+            lease_s=lease_s,
+            heartbeat_s=heartbeat_s,
+            evidence_max_entries=evidence_max_entries,
+            evidence_max_age_s=evidence_max_age_s,
+        )
         anyio.run(_serve, snapshot, host, port, options, token_note, backend_options={"use_uvloop": True})
     except KeyboardInterrupt:
         pass
