@@ -25,8 +25,8 @@ from starlette.types import Receive, Scope, Send
 
 from bastion.admin.api import AdminGate, admin_routes
 from bastion.audit.read_paths import EvidenceReadPaths
-from bastion.auth.bearer import StaticBearerAuth
 from bastion.auth.oauth import protected_resource_metadata
+from bastion.auth.principal import Principal
 from bastion.errors import ConfigError
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.metrics import GatewayMetrics
@@ -91,11 +91,16 @@ def create_app(
         assert gateway.store is not None
         return gateway.store
 
-    def auth() -> StaticBearerAuth:
+    async def authenticate(scope: Scope, authorization: str | None) -> Principal:
         gateway: Gateway = state["gateway"]
-        return gateway.auth()
+        return await gateway.authenticate(scope, authorization)
 
-    evidence = EvidenceReadPaths(store, auth, auditor_token_hashes)
+    def auditors() -> frozenset[str]:
+        gateway: Gateway | None = state.get("gateway")
+        configured = gateway.snapshot().auth.auditor_token_sha256 if gateway is not None else ()
+        return auditor_token_hashes | frozenset(configured)
+
+    evidence = EvidenceReadPaths(store, authenticate, auditors)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

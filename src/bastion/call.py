@@ -34,7 +34,6 @@ from bastion.errors import (
     BastionError,
     CallRefused,
     ExecutionCollision,
-    ExecutionIdRequired,
     ExecutionInFlight,
     ExecutionReplay,
     InvalidParams,
@@ -83,6 +82,7 @@ class _Attempt:
     binding: str | None = None
     args_digest: str | None = None
     last: AuditEntry | None = None
+    pending: list[tuple[AuditEvent, dict[str, Any]]] = field(default_factory=list)
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -182,9 +182,9 @@ class ToolCallPath:
             arguments,
             now=self._monotonic(),
             limiter=self._limiter,
+            has_execution_id=attempt.envelope.execution_id is not None,
         )
-        if decision.require_execution_id and attempt.envelope.execution_id is None:
-            raise ExecutionIdRequired(tool=entry.exposed_name)
+        assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)
         # (5) Attachment gate for mutating tools: issue #5.
@@ -219,16 +219,14 @@ class ToolCallPath:
                 raise
         # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
         upstream = self._fleet.upstreams[entry.server]
-        if execution_id is None:
-            # No execution state to move: the admitted entry is the last durable write before the send.
-            await self._record(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
-        else:
+        self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
+        if execution_id is not None:
             if not upstream.health().connected:
-                await self._record(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
                 await self._release(caller, attempt, scope)
                 raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
-            # The admitted entry and the durable "invoking" mark are independent writes:
-            # issued together, group commit makes them one fsync. Both must land before the send.
+            # The durable "invoking" mark and the audit entries that say so are independent
+            # writes: issued together, group commit gives them one fsync. Both land before the send.
+            self._queue(attempt, AuditEvent.INVOKING)
             failures: list[StoreError] = []
 
             async def mark_invoking() -> None:
@@ -238,20 +236,25 @@ class ToolCallPath:
                     self._health.failed(exc)
                     failures.append(exc)
 
-            async def admitted() -> None:
+            async def audit_invoking() -> None:
                 try:
-                    await self._record(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
+                    await self._record_pending(scope, attempt)
                 except StoreError as exc:
                     failures.append(exc)
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(mark_invoking)
-                tg.start_soon(admitted)
+                tg.start_soon(audit_invoking)
             if failures:
                 # Nothing was sent. The row stays as the store left it (reserved or invoking):
                 # refused until recovery settles it, never guessed into permission.
+                with contextlib.suppress(NotDurable):
+                    await self._record(
+                        scope, attempt, AuditEvent.REFUSED, decision=Decision.DENY.value, reason="not_durable"
+                    )
                 raise failures[0]
-            await self._record(scope, attempt, AuditEvent.INVOKING)
+        # Without an execution id there is no state to move: the admitted entry is written with
+        # the outcome, durably, before the answer (DESIGN section 2 step 8).
         ctx = CallContext(
             relay=caller.relay,
             client_capabilities=caller.client_capabilities,
@@ -306,8 +309,15 @@ class ToolCallPath:
                 )
             except StoreError as exc:
                 # Not durable: the row stays invoking (refused forever), never terminal by guess.
-                fields = {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value}
-                self._health.failed(exc, owed=lambda: scope.record_owed(AuditEvent.REFUSED, **fields))
+                owed = [
+                    *attempt.pending,
+                    (
+                        AuditEvent.REFUSED,
+                        {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value},
+                    ),
+                ]
+                attempt.pending = []
+                self._health.failed(exc, owed=lambda: scope.record_owed_many(owed))
                 raise NotDurable(
                     "The outcome could not be made durable; this execution_id stays refused",
                     observed_outcome=state.value,
@@ -330,15 +340,30 @@ class ToolCallPath:
             raise
         await self._record(scope, attempt, AuditEvent.RELEASED, outcome=ExecutionState.RELEASED.value)
 
+    def _queue(self, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
+        """Queue an entry of this attempt; the next :meth:`_record` writes it first, in order."""
+        attempt.pending.append((event, {**attempt.fields(), **extra}))
+
+    async def _record_pending(self, scope: EvidenceScope, attempt: _Attempt) -> None:
+        """Write the queued entries now (raises ``NotDurable``)."""
+        await self._write_batch(scope, attempt, [])
+
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
-        fields = {**attempt.fields(), **extra}
+        """Write the queued entries and this one, durably, in one go (raises ``NotDurable``)."""
+        await self._write_batch(scope, attempt, [(event, {**attempt.fields(), **extra})])
+
+    async def _write_batch(
+        self, scope: EvidenceScope, attempt: _Attempt, extra: list[tuple[AuditEvent, dict[str, Any]]]
+    ) -> None:
+        batch = [*attempt.pending, *extra]
+        attempt.pending = []
         try:
-            entry = await scope.record(event, **fields)
+            entries = await scope.record_many(batch)
         except StoreError as exc:
-            self._health.failed(exc, owed=lambda: scope.record_owed(event, **fields))
+            self._health.failed(exc, owed=lambda: scope.record_owed_many(batch))
             raise NotDurable("The audit entry could not be made durable") from exc
-        if entry is not None:
-            attempt.last = entry
+        if entries:
+            attempt.last = entries[-1]
 
     async def _audit_refusal(
         self,

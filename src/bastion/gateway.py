@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -36,7 +36,7 @@ from bastion.audit.entry import AuditEvent, Decision
 from bastion.audit.recorder import EvidenceRecorder
 from bastion.audit.scope import EvidenceScope
 from bastion.audit.tee import DEFAULT_TSM_REPORT_ROOT, ConfigfsTsm, no_attestation
-from bastion.auth.agent_session import StoreBearerAuth
+from bastion.auth.agent_session import StoreBearerAuth, client_certificate_fingerprint
 from bastion.auth.authenticator import Authenticator
 from bastion.auth.bearer import StaticBearerAuth
 from bastion.auth.oauth import OAuthVerifier, resource_metadata_url, www_authenticate
@@ -65,6 +65,8 @@ __all__ = ["Gateway", "RuntimeOptions"]
 logger = logging.getLogger(__name__)
 
 _SWEEP_INTERVAL_S = 5.0
+# How long closing a session waits for its cancelled calls to record their outcome.
+_CANCELLED_CALLS_GRACE_S = 10.0
 # A revocation made at another replica reaches this one within this bound (plus one store read).
 REVOCATION_SYNC_S = 2.0
 
@@ -114,6 +116,7 @@ class Gateway:
         self._static_auth = (snapshot.version, StaticBearerAuth(snapshot))
         self.limiter = RateLimiter()
         self.authenticator: Authenticator | None = None
+        self._store_auth: StoreBearerAuth | None = None
         self._oauth_http: httpx.AsyncClient | None = None
         # Sessionless requests in flight, by agent session, so a revocation can cancel them too.
         self._sessionless_in_flight: dict[str, set[anyio.CancelScope]] = {}
@@ -149,16 +152,28 @@ class Gateway:
             self._static_auth = (snapshot.version, StaticBearerAuth(snapshot))
         return self._static_auth[1]
 
-    def challenge(self) -> str:
-        """The ``WWW-Authenticate`` value of a 401 (RFC 9728 metadata when OAuth is configured)."""
+    def challenge(self, presented: bool = True) -> str:
+        """The ``WWW-Authenticate`` value of a 401 (RFC 9728 metadata when OAuth is configured).
+
+        ``error="invalid_token"`` only when a credential was presented (RFC 6750 section 3.1).
+        """
         auth = self.policy.current.auth
         if auth.oauth is not None and auth.resource_url:
-            return www_authenticate(resource_metadata_url(auth.resource_url), error="invalid_token")
+            error = "invalid_token" if presented else None
+            return www_authenticate(resource_metadata_url(auth.resource_url), error=error)
         return 'Bearer realm="bastion"'
 
-    async def authenticate(self, authorization: str | None, query_string: bytes) -> Principal:
-        assert self.authenticator is not None
-        return await self.authenticator.authenticate(authorization, query_string)
+    async def authenticate(self, scope: Mapping[str, Any], authorization: str | None) -> Principal:
+        """The principal of one HTTP request: a bearer credential, or a client certificate (mTLS)."""
+        assert self.authenticator is not None and self._store_auth is not None
+        auth = self.policy.current.auth
+        if authorization is None:
+            fingerprint = client_certificate_fingerprint(
+                scope, trusted_header=auth.mtls_fingerprint_header, trusted_proxies=auth.mtls_trusted_proxies
+            )
+            if fingerprint is not None:
+                return await self._store_auth.principal_for_certificate(fingerprint, datetime.now(UTC))
+        return await self.authenticator.authenticate(authorization, scope.get("query_string", b""))
 
     def policy_in_force(self) -> PolicyInForce:
         digest = hashlib.sha256(self.policy.current.version.encode()).hexdigest()
@@ -238,12 +253,61 @@ class Gateway:
         if oauth is not None:
             self._oauth_http = httpx.AsyncClient(timeout=oauth.jwks_timeout_s, trust_env=False)
             verifier = OAuthVerifier(oauth, self._oauth_http)
-        self.authenticator = Authenticator(self.auth, StoreBearerAuth(store), verifier)
+        self._store_auth = StoreBearerAuth(store)
+        self.authenticator = Authenticator(self.auth, self._store_auth, verifier)
         task_group.start_soon(self._follow_revocations)
         await self.fleet.start(task_group)
         task_group.start_soon(self.membership.heartbeat_forever)
         task_group.start_soon(self.health.watch, self._probe_store)
         task_group.start_soon(self._sweep_idle)
+        # --- issue #5 (workers/takeover.py): peer takeover. As a survivor, take over a peer's
+        # generation whose holder is not live (expired heartbeat, or a PID known dead on this host)
+        # and that left work unsettled; recover it under a fresh recovery worker and a strictly
+        # higher epoch. Never this gateway's own generation. One block; imports local on purpose.
+        from bastion.workers.liveness import pid_alive
+        from bastion.workers.takeover import watch_peers
+
+        peer_keyring = self.keyring
+        assert peer_keyring is not None
+
+        def peer_membership(generation: str) -> WorkerMembership:
+            return WorkerMembership(
+                store,
+                generation,
+                lease_s=options.lease_s,
+                heartbeat_s=options.heartbeat_s,
+                clock=lambda: datetime.now(UTC),
+            )
+
+        async def recover_peer(peer: WorkerMembership) -> None:
+            peer_recorder = EvidenceRecorder(
+                store,
+                peer_keyring,
+                peer,
+                attest=self._attest,
+                profile=self._profile,
+                policy=self.policy_in_force,
+                max_entries=options.evidence_max_entries,
+                max_age_s=options.evidence_max_age_s,
+            )
+            await recover_generation(
+                store, peer_recorder, peer, peer_keyring, profile=self._profile, policy=self.policy_in_force()
+            )
+
+        async def watch_for_peers() -> None:
+            await watch_peers(
+                store,
+                peer_membership,
+                recover_peer,
+                interval_s=options.lease_s / 2,
+                lease_s=options.lease_s,
+                clock=lambda: datetime.now(UTC),
+                pid_alive=pid_alive,
+                own_generation=options.generation,
+            )
+
+        task_group.start_soon(watch_for_peers)
+        # --- end issue #5 block
         self.started.set()
 
     async def _probe_store(self) -> None:
@@ -342,23 +406,23 @@ class Gateway:
             "calls_cancelled": in_flight + len(sessionless),
             "evidence_sessions_closed": evidence_closed,
         }
-        if ended or sessionless:
-            evidence = self.evidence_for(AgentId(record.agent))
-            try:
-                await evidence.record(
-                    AuditEvent.REVOCATION,
-                    decision=Decision.DENY.value,
-                    reason="agent_session_revoked",
-                    detail={
-                        **summary,
-                        "revoked_by": record.revoked_by,
-                        "revoke_reason": record.revoke_reason,
-                    },
-                )
-                await evidence.close(CloseReason.REVOCATION)
-            except StoreError as exc:
-                self.health.failed(exc)
-            logger.warning("agent session revoked: live sessions ended", extra=summary)
+        # Always audited, even when nothing was live here: the revocation itself is evidence.
+        evidence = self.evidence_for(AgentId(record.agent))
+        try:
+            await evidence.record(
+                AuditEvent.REVOCATION,
+                decision=Decision.DENY.value,
+                reason="agent_session_revoked",
+                detail={
+                    **summary,
+                    "revoked_by": record.revoked_by,
+                    "revoke_reason": record.revoke_reason,
+                },
+            )
+            await evidence.close(CloseReason.REVOCATION)
+        except StoreError as exc:
+            self.health.failed(exc)
+        logger.warning("agent session revoked: live sessions ended", extra=summary)
         self._applied_revocations.add(record.agent_session_id)
         return summary
 
@@ -396,6 +460,9 @@ class Gateway:
             candidate = load_snapshot(current.source)  # type: ignore[arg-type]
             if dict(candidate.servers) != dict(current.servers):
                 raise ConfigError(f"{current.source}: servers changed; restart the gateway to apply them")
+            if candidate.auth != current.auth:
+                # Credentials checked at start (OAuth verifier, admin token) must not half-change.
+                raise ConfigError(f"{current.source}: [auth] changed; restart the gateway to apply it")
             return candidate
 
         self.policy.reload(loader, source=current.source)
@@ -404,8 +471,15 @@ class Gateway:
     # ------------------------------------------------------------------ sessions
 
     async def close_transport_session(self, transport_session: TransportSession, reason: str) -> None:
-        """End one client session: cancel its calls, close only its upstream sessions, issue its claim."""
-        self.registry.remove(transport_session)
+        """End one client session: cancel its calls, close only its upstream sessions, issue its claim.
+
+        The evidence session closes only after the cancelled calls have recorded their
+        outcome (``outcome_unknown`` when sent), so no entry is left without a chain.
+        """
+        cancelled = self.registry.remove(transport_session)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCELLED_CALLS_GRACE_S):
+            for call in cancelled:
+                await call.done.wait()
         for server in transport_session.upstream_sessions.servers():
             upstream_session = transport_session.upstream_sessions.get(server)
             upstream = self.fleet.upstreams.get(server)

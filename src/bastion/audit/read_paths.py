@@ -8,14 +8,15 @@ exist. Exports stream page by page, so memory stays flat in chain length.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Scope
 
 from bastion.audit.export import claim_bytes, entry_line
-from bastion.auth.bearer import StaticBearerAuth
-from bastion.errors import BastionError, SessionNotFound, Unauthenticated
+from bastion.auth.principal import Principal
+from bastion.errors import BastionError, SessionNotFound
 from bastion.ids import EvidenceSessionId
 from bastion.store.base import Store
 
@@ -28,11 +29,11 @@ class EvidenceReadPaths:
     def __init__(
         self,
         store: Callable[[], Store],
-        auth: Callable[[], StaticBearerAuth],
-        auditor_token_hashes: frozenset[str],
+        authenticate: Callable[[Scope, str | None], Awaitable[Principal]],
+        auditor_token_hashes: Callable[[], frozenset[str]],
     ) -> None:
         self._store = store
-        self._auth = auth
+        self._authenticate = authenticate
         self._auditors = auditor_token_hashes
 
     async def _authorize(self, request: Request, session_id: str) -> None:
@@ -41,15 +42,15 @@ class EvidenceReadPaths:
         scheme, _, token = (header or "").partition(" ")
         if (
             scheme.lower() == "bearer"
-            and hashlib.sha256(token.strip().encode()).hexdigest() in self._auditors
+            and hashlib.sha256(token.strip().encode()).hexdigest() in self._auditors()
         ):
             chain = await self._store().get_chain(EvidenceSessionId(session_id))
             if chain is None:
                 raise SessionNotFound()
             return
-        agent = self._auth().authenticate(header, request.url.query.encode())
+        principal = await self._authenticate(request.scope, header)
         chain = await self._store().get_chain(EvidenceSessionId(session_id))
-        if chain is None or chain.agent != agent:
+        if chain is None or chain.agent != principal.agent:
             raise SessionNotFound(cause="foreign" if chain is not None else "unknown")
 
     async def trace_claim(self, request: Request) -> Response:
@@ -91,7 +92,7 @@ class EvidenceReadPaths:
 
 
 def _error(exc: BastionError) -> Response:
-    status = exc.http_status if isinstance(exc, Unauthenticated) else 404
+    status = exc.http_status if exc.http_status == 401 else 404
     headers = {"www-authenticate": 'Bearer realm="bastion"'} if status == 401 else None
     return JSONResponse(
         {"error": {"reason": exc.reason.value, "message": exc.message}}, status_code=status, headers=headers

@@ -191,6 +191,30 @@ class EvidenceRecorder:
             evidence.entries += 1
             return entry
 
+    async def append_many(
+        self, evidence: EvidenceSession, batch: list[tuple[AuditEvent, dict[str, Any]]]
+    ) -> list[AuditEntry]:
+        """Append several entries in order (rotating first if due); one store write when the store can."""
+        async with evidence.lock:
+            if evidence.closed:
+                raise RuntimeError("evidence session is closed")
+            if (
+                evidence.entries >= self._max_entries
+                or self._monotonic() - evidence.opened_at >= self._max_age_s
+            ):
+                await self._rotate(evidence)
+            worker, epoch = self._membership.credentials()
+            at = self._now()
+            builders = [
+                _builder(evidence.session_id, evidence.agent, event, at, worker, epoch, fields)
+                for event, fields in batch
+            ]
+            entries = await self._store.append_entries(
+                evidence.session_id, builders, worker=worker, epoch=epoch
+            )
+            evidence.entries += len(entries)
+            return entries
+
     async def _rotate(self, evidence: EvidenceSession) -> None:
         previous = evidence.session_id
         await self._close_chain(evidence, CloseReason.ROTATION)
@@ -201,6 +225,21 @@ class EvidenceRecorder:
         evidence.opened_at = self._monotonic()
         evidence.entries = 2
         logger.info("evidence session rotated", extra={"previous": previous, "current": session_id})
+
+
+def _builder(
+    session_id: str,
+    agent: str,
+    event: AuditEvent,
+    at: datetime,
+    worker: str | None,
+    epoch: int | None,
+    fields: dict[str, Any],
+) -> Callable[[int, str], AuditEntry]:
+    def build(seq: int, prev: str) -> AuditEntry:
+        return _entry(seq, prev, session_id, agent, event, at, worker=worker, epoch=epoch, **fields)
+
+    return build
 
 
 def _entry(

@@ -49,18 +49,30 @@ class EvidenceScope:
                 self._evidence = await self._recorder.open(self.agent, policy_version=self._policy_version)
         return await self._recorder.append(self._evidence, event, **fields)
 
-    async def record_owed(self, event: AuditEvent, **fields: Any) -> AuditEntry | None:
-        """Write an entry owed since storage failed: into this chain if it is still open, else into
-        a one-entry chain of its own (the original evidence session has closed meanwhile)."""
+    async def record_many(self, batch: list[tuple[AuditEvent, dict[str, Any]]]) -> list[AuditEntry]:
+        """Append several entries in order, as one durable write."""
+        if self._unsafe_disabled or not batch:
+            return []
+        async with self._opening:
+            if self._evidence is None:
+                self._evidence = await self._recorder.open(self.agent, policy_version=self._policy_version)
+        return await self._recorder.append_many(self._evidence, batch)
+
+    async def record_owed_many(self, batch: list[tuple[AuditEvent, dict[str, Any]]]) -> list[AuditEntry]:
+        """Write entries owed since storage failed: into this chain if it is still open, else into
+        a chain of their own (the original evidence session has closed meanwhile)."""
         if self._unsafe_disabled:
-            return None
+            return []
         if not self.closed and (self._evidence is None or not self._evidence.closed):
-            return await self.record(event, **fields)
+            return await self.record_many(batch)
         late = EvidenceScope(self._recorder, self.agent, policy_version=self._policy_version)
-        detail = {**(fields.get("detail") or {}), "late": True}
-        entry = await late.record(event, **{**fields, "detail": detail})
+        marked = [
+            (event, {**fields, "detail": {**(fields.get("detail") or {}), "late": True}})
+            for event, fields in batch
+        ]
+        entries = await late.record_many(marked)
         await late.close(CloseReason.REQUEST_END)
-        return entry
+        return entries
 
     async def close(self, reason: CloseReason) -> dict[str, Any] | None:
         """Close the chain (if one was opened) and return its claim."""

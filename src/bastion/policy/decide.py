@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from bastion.auth.principal import Principal
-from bastion.errors import ArgumentConstraintFailed, GrantDenied, RateLimited
+from bastion.errors import ArgumentConstraintFailed, ExecutionIdRequired, GrantDenied, RateLimited
 from bastion.policy.grants import Grant, Rate
 from bastion.policy.snapshot import Snapshot
 
@@ -170,6 +170,7 @@ def decide(
     *,
     now: float,
     limiter: RateLimiter,
+    has_execution_id: bool = True,
 ) -> GrantDecision:
     """Decide one call of upstream tool ``tool`` on ``server`` (``namespace``) by ``principal``.
 
@@ -179,6 +180,8 @@ def decide(
     Raises:
         GrantDenied: no grant of this principal covers the server and tool.
         ArgumentConstraintFailed: grants cover the tool, but every one's ``arguments_schema`` refuses.
+        ExecutionIdRequired: an allowing grant requires an execution id and the call has none
+            (checked before any rate-limit token is spent: a refused call spends nothing).
         RateLimited: an allowing grant's rate limit for this agent and tool is spent.
     """
     version = snapshot.version
@@ -219,6 +222,9 @@ def decide(
 
     # (4) Obligations of every allowing grant hold: a broader grant never lifts a narrower one's
     #     rate limit or execution_id requirement.
+    requires_id = any(g.require_execution_id for g in allowing)
+    if requires_id and not has_execution_id:
+        raise ExecutionIdRequired(tool=tool, server=server, policy_version=version)
     limits = [(g.name, g.rate) for g in allowing if g.rate is not None]
     try:
         limiter.take(limits, str(principal.agent), server, tool, now)
@@ -228,7 +234,7 @@ def decide(
     return GrantDecision(
         DecisionBasis.GRANT,
         tuple(g.name for g in allowing),
-        any(g.require_execution_id for g in allowing),
+        requires_id,
         version,
     )
 

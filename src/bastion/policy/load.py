@@ -47,7 +47,16 @@ _DOLLAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 _TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants", "auth"})
-_AUTH_KEYS = frozenset({"resource_url", "admin_token_sha256", "auditor_token_sha256", "oauth"})
+_AUTH_KEYS = frozenset(
+    {
+        "resource_url",
+        "admin_token_sha256",
+        "auditor_token_sha256",
+        "oauth",
+        "mtls_fingerprint_header",
+        "mtls_trusted_proxies",
+    }
+)
 _OAUTH_KEYS = frozenset(
     {
         "issuer",
@@ -198,12 +207,24 @@ def _read_auth(ctx: _Context, value: Any) -> AuthSettings:
         if "leeway_s" in oauth_table:
             settings["leeway_s"] = ctx.number(oauth_table["leeway_s"], "auth.oauth.leeway_s")
         oauth = ctx.build(OAuthSettings, **settings)
+    mtls_header = (
+        ctx.string(table["mtls_fingerprint_header"], "auth.mtls_fingerprint_header")
+        if "mtls_fingerprint_header" in table
+        else None
+    )
+    proxies = (
+        ctx.string_list(table["mtls_trusted_proxies"], "auth.mtls_trusted_proxies")
+        if "mtls_trusted_proxies" in table
+        else []
+    )
     return ctx.build(
         AuthSettings,
         resource_url=resource_url,
         admin_token_sha256=admin,
         auditor_token_sha256=tuple(auditors),
         oauth=oauth,
+        mtls_fingerprint_header=mtls_header,
+        mtls_trusted_proxies=tuple(proxies),
     )
 
 

@@ -128,9 +128,16 @@ class AuthSettings:
     admin_token_sha256: str | None = None
     auditor_token_sha256: tuple[str, ...] = ()
     oauth: OAuthSettings | None = None
+    # Mutual TLS behind a TLS-terminating proxy: the verified client certificate's SHA-256
+    # arrives in this header, believed only from these proxy addresses.
+    mtls_fingerprint_header: str | None = None
+    mtls_trusted_proxies: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "auditor_token_sha256", tuple(self.auditor_token_sha256))
+        object.__setattr__(self, "mtls_trusted_proxies", tuple(self.mtls_trusted_proxies))
+        if self.mtls_fingerprint_header is not None and not self.mtls_trusted_proxies:
+            raise ConfigError("auth.mtls_trusted_proxies must name the proxies allowed to send the header")
         for digest in (self.admin_token_sha256, *self.auditor_token_sha256):
             if digest is not None and not _SHA256_HEX.match(digest):
                 raise ConfigError("auth: token digests must be 64 lowercase hex characters")

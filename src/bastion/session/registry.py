@@ -17,7 +17,7 @@ from bastion.audit.scope import EvidenceScope
 from bastion.auth.principal import Principal
 from bastion.errors import SessionNotFound
 from bastion.ids import TransportSessionId, new_transport_session_id
-from bastion.session.state import TransportSession
+from bastion.session.state import InFlightCall, TransportSession
 
 __all__ = ["SessionRegistry"]
 
@@ -102,10 +102,13 @@ class SessionRegistry:
         transport_session.last_seen = self._clock()
         return transport_session
 
-    def remove(self, transport_session: TransportSession) -> None:
+    def remove(self, transport_session: TransportSession) -> list[InFlightCall]:
+        """Forget the session and cancel its requests; returns them, so the caller can await their end."""
+        calls = list(transport_session.in_flight.values())
         transport_session.terminated = True
         transport_session.cancel_all()
         self._sessions.pop(transport_session.id, None)
+        return calls
 
     def expired(self) -> list[TransportSession]:
         """Sessions idle past the timeout, removed from the registry (the caller closes them)."""

@@ -37,6 +37,8 @@ class InFlightCall:
     client_request_id: RequestId
     method: str
     cancel_scope: anyio.CancelScope
+    # Set when the request has finished (its outcome recorded), so closing the session can wait for it.
+    done: anyio.Event = field(default_factory=anyio.Event)
 
 
 @dataclass(eq=False)

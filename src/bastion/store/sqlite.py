@@ -35,15 +35,16 @@ import re
 import secrets
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.to_thread
+import orjson
 
 from bastion.admission.states import ExecutionState, check_transition
-from bastion.audit.entry import ENTRY_FIELDS, GENESIS_PREV, AuditEntry
+from bastion.audit.entry import GENESIS_PREV, AuditEntry
 from bastion.errors import (
     AgentSessionExpired,
     AgentSessionRevoked,
@@ -59,10 +60,12 @@ from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, 
 from bastion.store.base import (
     AgentSessionRecord,
     AppendBuilder,
+    AttachmentRecord,
     ChainInfo,
     CredentialKind,
     CredentialRecord,
     ExecutionRecord,
+    GenerationBacklog,
     GenerationRecord,
     Readmitted,
     RecoveredExecution,
@@ -282,15 +285,19 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> Epoch:
             claimant = conn.execute(
-                "SELECT generation FROM workers WHERE worker_id = ?", (worker_id,)
+                "SELECT generation, withdrawn_at IS NOT NULL OR failed_at IS NOT NULL FROM workers"
+                " WHERE worker_id = ?",
+                (worker_id,),
             ).fetchone()
             if claimant is None:
                 raise Conflict("unknown worker", worker=worker_id)
             if claimant[0] is not None and claimant[0] != generation:
                 raise Conflict("worker already holds another generation", worker=worker_id)
+            if claimant[1]:
+                raise Conflict("worker liveness was withdrawn or it failed", worker=worker_id)
             held = conn.execute(
-                "SELECT g.epoch, w.heartbeat_at FROM generations AS g"
-                " JOIN workers AS w ON w.worker_id = g.holder WHERE g.generation = ?",
+                "SELECT g.epoch, w.heartbeat_at, w.withdrawn_at IS NOT NULL OR w.failed_at IS NOT NULL"
+                " FROM generations AS g JOIN workers AS w ON w.worker_id = g.holder WHERE g.generation = ?",
                 (generation,),
             ).fetchone()
             if held is None:
@@ -300,7 +307,7 @@ class SqliteStore:
                     (generation, worker_id, now_us),
                 )
             else:
-                if now_us - held[1] < lease_us:
+                if not held[2] and now_us - held[1] < lease_us:
                     raise Conflict("generation is held by a live worker", generation=generation)
                 epoch = held[0] + 1
                 conn.execute(
@@ -308,8 +315,9 @@ class SqliteStore:
                     (worker_id, epoch, now_us, generation),
                 )
             conn.execute(
-                "UPDATE workers SET generation = ?, heartbeat_at = MAX(heartbeat_at, ?) WHERE worker_id = ?",
-                (generation, now_us, worker_id),
+                "UPDATE workers SET generation = ?, claimed_epoch = ?, heartbeat_at = MAX(heartbeat_at, ?)"
+                " WHERE worker_id = ?",
+                (generation, epoch, now_us, worker_id),
             )
             return Epoch(epoch)
 
@@ -320,14 +328,17 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> None:
             row = conn.execute(
-                "SELECT w.generation, g.holder FROM workers AS w"
-                " LEFT JOIN generations AS g ON g.generation = w.generation WHERE w.worker_id = ?",
+                "SELECT w.generation, g.holder, w.withdrawn_at IS NOT NULL OR w.failed_at IS NOT NULL"
+                " FROM workers AS w LEFT JOIN generations AS g ON g.generation = w.generation"
+                " WHERE w.worker_id = ?",
                 (worker_id,),
             ).fetchone()
             if row is None:
                 raise Conflict("unknown worker", worker=worker_id)
             if row[0] is not None and row[1] != worker_id:
                 raise StaleEpoch("worker was superseded in its generation", worker=worker_id)
+            if row[2]:
+                raise StaleEpoch("worker liveness was withdrawn or it failed", worker=worker_id)
             conn.execute(
                 "UPDATE workers SET heartbeat_at = MAX(heartbeat_at, ?) WHERE worker_id = ?",
                 (now_us, worker_id),
@@ -346,6 +357,127 @@ class SqliteStore:
             if row is None:
                 return None
             return GenerationRecord(generation, WorkerId(row[0]), Epoch(row[1]), _from_us(row[2]))
+
+        return await self._read(op)
+
+    # ------------------------------------------------------------ worker registry (issue #5)
+    # Withdrawal and failure are unfenced: see store/base.py, "Worker registry".
+
+    async def list_workers(self) -> list[WorkerRecord]:
+        def op(conn: sqlite3.Connection) -> list[WorkerRecord]:
+            rows = conn.execute(_SELECT_WORKER + " ORDER BY registered_at, worker_id").fetchall()
+            return [_worker_from_row(row) for row in rows]
+
+        return await self._read(op)
+
+    async def list_generations(self) -> list[GenerationRecord]:
+        def op(conn: sqlite3.Connection) -> list[GenerationRecord]:
+            rows = conn.execute(
+                "SELECT generation, holder, epoch, claimed_at FROM generations ORDER BY generation"
+            ).fetchall()
+            return [GenerationRecord(r[0], WorkerId(r[1]), Epoch(r[2]), _from_us(r[3])) for r in rows]
+
+        return await self._read(op)
+
+    async def withdraw_liveness(self, worker_id: WorkerId, *, now: datetime, reason: str) -> WorkerRecord:
+        return await self._end_liveness(worker_id, _WITHDRAW_LIVENESS, reason, now)
+
+    async def mark_worker_failed(self, worker_id: WorkerId, reason: str, now: datetime) -> WorkerRecord:
+        return await self._end_liveness(worker_id, _MARK_FAILED, reason, now)
+
+    async def _end_liveness(
+        self, worker_id: WorkerId, update: str, reason: str, now: datetime
+    ) -> WorkerRecord:
+        if not reason:
+            raise ValueError("ending a worker's liveness needs a reason")
+        now_us = _to_us(now)
+
+        def op(conn: sqlite3.Connection) -> WorkerRecord:
+            # The first withdrawal (or failure) wins; a later one records nothing over it.
+            conn.execute(update, (now_us, reason, worker_id))
+            record = _select_worker(conn, worker_id)
+            if record is None:
+                raise Conflict("unknown worker", worker=worker_id)
+            return record
+
+        return await self._write(op)
+
+    async def generation_backlog(self, generation: str) -> GenerationBacklog:
+        def op(conn: sqlite3.Connection) -> GenerationBacklog:
+            executions = conn.execute(
+                "SELECT COUNT(*) FROM executions WHERE generation = ? AND state IN ('reserved', 'invoking')",
+                (generation,),
+            ).fetchone()[0]
+            chains = conn.execute(
+                "SELECT COUNT(*) FROM chains WHERE generation = ? AND closed = 0", (generation,)
+            ).fetchone()[0]
+            return GenerationBacklog(generation, int(executions), int(chains))
+
+        return await self._read(lambda conn: _in_read_transaction(conn, op))
+
+    async def record_attachment(
+        self,
+        worker_id: WorkerId,
+        transport_session_ref: str,
+        namespace: str,
+        now: datetime,
+        *,
+        writer: WorkerId,
+        epoch: Epoch,
+    ) -> AttachmentRecord:
+        if not transport_session_ref or not namespace:
+            raise ValueError("an attachment names a transport session reference and a namespace")
+        now_us = _to_us(now)
+
+        def op(conn: sqlite3.Connection) -> AttachmentRecord:
+            _fence(conn, writer, epoch)
+            if not conn.execute("SELECT 1 FROM workers WHERE worker_id = ?", (worker_id,)).fetchone():
+                raise Conflict("unknown worker", worker=worker_id)
+            conn.execute(
+                "INSERT INTO attachments (worker_id, transport_session_ref, namespace, attached_at, writer,"
+                " epoch) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (worker_id, transport_session_ref, namespace) DO UPDATE SET"
+                " attached_at = excluded.attached_at, writer = excluded.writer, epoch = excluded.epoch",
+                (worker_id, transport_session_ref, namespace, now_us, writer, epoch),
+            )
+            return AttachmentRecord(worker_id, transport_session_ref, namespace, now, writer, epoch)
+
+        return await self._write(op)
+
+    async def clear_attachment(
+        self,
+        worker_id: WorkerId,
+        transport_session_ref: str,
+        namespace: str,
+        *,
+        writer: WorkerId,
+        epoch: Epoch,
+    ) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            _fence(conn, writer, epoch)
+            cursor = conn.execute(
+                "DELETE FROM attachments WHERE worker_id = ? AND transport_session_ref = ? AND namespace = ?",
+                (worker_id, transport_session_ref, namespace),
+            )
+            return cursor.rowcount > 0
+
+        return await self._write(op)
+
+    async def list_attachments(
+        self, worker_id: WorkerId | None = None, *, transport_session_ref: str | None = None
+    ) -> list[AttachmentRecord]:
+        def op(conn: sqlite3.Connection) -> list[AttachmentRecord]:
+            rows = conn.execute(
+                "SELECT worker_id, transport_session_ref, namespace, attached_at, writer, epoch"
+                " FROM attachments WHERE (? IS NULL OR worker_id = ?)"
+                " AND (? IS NULL OR transport_session_ref = ?)"
+                " ORDER BY attached_at, worker_id, transport_session_ref, namespace",
+                (worker_id, worker_id, transport_session_ref, transport_session_ref),
+            ).fetchall()
+            return [
+                AttachmentRecord(WorkerId(r[0]), r[1], r[2], _from_us(r[3]), WorkerId(r[4]), Epoch(r[5]))
+                for r in rows
+            ]
 
         return await self._read(op)
 
@@ -481,6 +613,20 @@ class SqliteStore:
         def op(conn: sqlite3.Connection) -> AuditEntry:
             _fence(conn, worker, epoch)
             return _append(conn, session_id, build, worker, epoch)
+
+        return await self._write(op)
+
+    async def append_entries(
+        self,
+        session_id: EvidenceSessionId,
+        builds: Sequence[AppendBuilder],
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+    ) -> list[AuditEntry]:
+        def op(conn: sqlite3.Connection) -> list[AuditEntry]:
+            _fence(conn, worker, epoch)
+            return [_append(conn, session_id, build, worker, epoch) for build in builds]
 
         return await self._write(op)
 
@@ -808,8 +954,9 @@ def _dumps(value: Any) -> str:
 
 
 def _entry_json(entry: AuditEntry) -> str:
-    # Every field, as ``AuditEntry.to_json`` has them, without its deep copy: this runs per append.
-    return _dumps({name: getattr(entry, name) for name in ENTRY_FIELDS})
+    # Every field, as ``AuditEntry.to_json`` has them; orjson, because this runs per append.
+    # The entry was canonicalized when sealed, so it holds no value json would refuse.
+    return orjson.dumps(entry.to_json()).decode()
 
 
 def _to_us(moment: datetime) -> int:
@@ -872,14 +1019,31 @@ def _transition(
     return _select_execution(conn, agent, execution_id)  # type: ignore[return-value]
 
 
+# The first withdrawal (or failure) wins: a later one matches no row.
+_WITHDRAW_LIVENESS = (
+    "UPDATE workers SET withdrawn_at = ?, withdraw_reason = ? WHERE worker_id = ? AND withdrawn_at IS NULL"
+)
+_MARK_FAILED = (
+    "UPDATE workers SET failed_at = ?, failure_reason = ? WHERE worker_id = ? AND failed_at IS NULL"
+)
+_SELECT_WORKER = (
+    "SELECT worker_id, role, provenance, registered_at, heartbeat_at, generation, claimed_epoch,"
+    " withdrawn_at, withdraw_reason, failed_at, failure_reason FROM workers"
+)
+
+
+def _worker_from_row(row: tuple[Any, ...]) -> WorkerRecord:
+    return WorkerRecord(
+        WorkerId(row[0]), row[1], json.loads(row[2]), _from_us(row[3]), _from_us(row[4]), row[5],
+        None if row[6] is None else Epoch(row[6]),
+        None if row[7] is None else _from_us(row[7]), row[8],
+        None if row[9] is None else _from_us(row[9]), row[10],
+    )  # fmt: skip
+
+
 def _select_worker(conn: sqlite3.Connection, worker_id: WorkerId) -> WorkerRecord | None:
-    row = conn.execute(
-        "SELECT role, provenance, registered_at, heartbeat_at, generation FROM workers WHERE worker_id = ?",
-        (worker_id,),
-    ).fetchone()
-    if row is None:
-        return None
-    return WorkerRecord(worker_id, row[0], json.loads(row[1]), _from_us(row[2]), _from_us(row[3]), row[4])
+    row = conn.execute(_SELECT_WORKER + " WHERE worker_id = ?", (worker_id,)).fetchone()
+    return None if row is None else _worker_from_row(row)
 
 
 _SELECT_CHAIN = "SELECT session_id, agent, root, head_seq, head_hash, generation, closed FROM chains"

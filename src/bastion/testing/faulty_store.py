@@ -14,7 +14,7 @@ passes every call through. Reads always pass through. Never use it outside tests
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, TypeVar, get_args
 
@@ -25,10 +25,12 @@ from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, 
 from bastion.store.base import (
     AgentSessionRecord,
     AppendBuilder,
+    AttachmentRecord,
     ChainInfo,
     CredentialKind,
     CredentialRecord,
     ExecutionRecord,
+    GenerationBacklog,
     GenerationRecord,
     RecoveredExecution,
     ReserveOutcome,
@@ -44,6 +46,10 @@ FailPoint = Literal[
     "register_worker",
     "claim_generation",
     "heartbeat",
+    "withdraw_liveness",
+    "mark_worker_failed",
+    "record_attachment",
+    "clear_attachment",
     "reserve_execution",
     "mark_invoking",
     "record_outcome",
@@ -137,6 +143,65 @@ class FaultyStore:
     async def get_generation(self, generation: str) -> GenerationRecord | None:
         return await self.inner.get_generation(generation)
 
+    # ------------------------------------------------------------ worker registry
+
+    async def list_workers(self) -> list[WorkerRecord]:
+        return await self.inner.list_workers()
+
+    async def list_generations(self) -> list[GenerationRecord]:
+        return await self.inner.list_generations()
+
+    async def withdraw_liveness(self, worker_id: WorkerId, *, now: datetime, reason: str) -> WorkerRecord:
+        return await self._guard(
+            "withdraw_liveness", lambda: self.inner.withdraw_liveness(worker_id, now=now, reason=reason)
+        )
+
+    async def mark_worker_failed(self, worker_id: WorkerId, reason: str, now: datetime) -> WorkerRecord:
+        return await self._guard(
+            "mark_worker_failed", lambda: self.inner.mark_worker_failed(worker_id, reason, now)
+        )
+
+    async def generation_backlog(self, generation: str) -> GenerationBacklog:
+        return await self.inner.generation_backlog(generation)
+
+    async def record_attachment(
+        self,
+        worker_id: WorkerId,
+        transport_session_ref: str,
+        namespace: str,
+        now: datetime,
+        *,
+        writer: WorkerId,
+        epoch: Epoch,
+    ) -> AttachmentRecord:
+        return await self._guard(
+            "record_attachment",
+            lambda: self.inner.record_attachment(
+                worker_id, transport_session_ref, namespace, now, writer=writer, epoch=epoch
+            ),
+        )
+
+    async def clear_attachment(
+        self,
+        worker_id: WorkerId,
+        transport_session_ref: str,
+        namespace: str,
+        *,
+        writer: WorkerId,
+        epoch: Epoch,
+    ) -> bool:
+        return await self._guard(
+            "clear_attachment",
+            lambda: self.inner.clear_attachment(
+                worker_id, transport_session_ref, namespace, writer=writer, epoch=epoch
+            ),
+        )
+
+    async def list_attachments(
+        self, worker_id: WorkerId | None = None, *, transport_session_ref: str | None = None
+    ) -> list[AttachmentRecord]:
+        return await self.inner.list_attachments(worker_id, transport_session_ref=transport_session_ref)
+
     # ------------------------------------------------------------ executions
 
     async def reserve_execution(
@@ -212,6 +277,19 @@ class FaultyStore:
     ) -> AuditEntry:
         return await self._guard(
             "append_entry", lambda: self.inner.append_entry(session_id, build, worker=worker, epoch=epoch)
+        )
+
+    async def append_entries(
+        self,
+        session_id: EvidenceSessionId,
+        builds: Sequence[AppendBuilder],
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+    ) -> list[AuditEntry]:
+        # The same fail point as append_entry: both are "an audit append".
+        return await self._guard(
+            "append_entry", lambda: self.inner.append_entries(session_id, builds, worker=worker, epoch=epoch)
         )
 
     async def read_chain(

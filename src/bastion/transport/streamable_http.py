@@ -91,8 +91,8 @@ class FrontDoor:
         self,
         *,
         snapshot: Callable[[], Snapshot],
-        authenticate: Callable[[str | None, bytes], Awaitable[Principal]],
-        challenge: Callable[[], str],
+        authenticate: Callable[[Scope, str | None], Awaitable[Principal]],
+        challenge: Callable[[bool], str],
         registry: SessionRegistry,
         router: MethodRouter,
         close_session: SessionClosed,
@@ -132,9 +132,10 @@ class FrontDoor:
         if origin is not None and origin not in snapshot.gateway.allowed_origins:
             raise OriginForbidden()
         try:
-            principal = await self._authenticate(headers.get("authorization"), scope.get("query_string", b""))
+            principal = await self._authenticate(scope, headers.get("authorization"))
         except RequestRejected as exc:
-            await _reject(send, exc, None, challenge=self._challenge())
+            presented = "authorization" in headers or b"token=" in scope.get("query_string", b"")
+            await _reject(send, exc, None, challenge=self._challenge(presented))
             return
         version_header = headers.get("mcp-protocol-version")
         if method == "POST":
@@ -277,9 +278,11 @@ class FrontDoor:
         transport_session = caller.transport_session
         caller = dataclasses.replace(caller, relay=StreamRelay(channel, transport_session))
         sessionless = transport_session is None
+        in_flight: InFlightCall | None = None
         with anyio.CancelScope() as call_scope:
             if transport_session is not None:
-                transport_session.in_flight[request.id] = InFlightCall(request.id, request.method, call_scope)
+                in_flight = InFlightCall(request.id, request.method, call_scope)
+                transport_session.in_flight[request.id] = in_flight
             try:
                 if cancel_on_disconnect:
                     # Sessionless era: closing the request's stream cancels the request, and so
@@ -295,6 +298,8 @@ class FrontDoor:
             finally:
                 if transport_session is not None:
                     transport_session.in_flight.pop(request.id, None)
+                if in_flight is not None:
+                    in_flight.done.set()
         if call_scope.cancelled_caught:
             await channel.end_empty()
 

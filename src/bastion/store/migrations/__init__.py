@@ -15,6 +15,7 @@ from bastion.store.migrations import (
     sqlite_0001_initial,
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
+    sqlite_0004_worker_registry,
 )
 
 __all__ = ["SQLITE_MIGRATIONS", "Migration"]
@@ -31,6 +32,7 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", sqlite_0001_initial.STATEMENTS),
     Migration(2, "recovery_indexes", sqlite_0002_recovery_indexes.STATEMENTS),
     Migration(3, "agent_sessions", sqlite_0003_agent_sessions.STATEMENTS),
+    Migration(4, "worker_registry", sqlite_0004_worker_registry.STATEMENTS),
 )
 
 # The list is dense and ordered: migration n sits at index n - 1.

@@ -1,0 +1,110 @@
+"""Worker and attachment visibility on the admin API (DESIGN section 6, issue #5 point 7).
+
+Owns two read-only routes behind the admin credential (:class:`AdminGate`):
+
+- ``GET /admin/workers``: every registered worker identity with its role,
+  generation, epoch, liveness, heartbeat age, launch provenance, owning
+  sessions (from live attachment records only; ``"unproven"`` when none) and
+  cohort, as ``bastion workers`` prints them;
+- ``GET /admin/sessions/{transport_session_ref}/attachments``: per namespace,
+  the ``connected`` and ``attached`` evidence of one client transport session
+  and its condition, plus the ownership records the store holds for it. The
+  path names the session by its reference (``workers.attachment.transport_session_ref``),
+  never by its ``Mcp-Session-Id``.
+
+Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from bastion.admin.api import AdminGate
+from bastion.store.base import AttachmentRecord, Store
+from bastion.workers.attachment import AttachmentTracker
+from bastion.workers.liveness import PidAlive, pid_alive
+from bastion.workers.registry import UNPROVEN, describe_workers
+
+__all__ = ["WorkersReason", "worker_routes"]
+
+
+class WorkersReason(enum.StrEnum):
+    TRANSPORT_SESSION_NOT_FOUND = "transport_session_not_found"
+
+
+def worker_routes(
+    store: Store,
+    gate: AdminGate,
+    *,
+    clock: Callable[[], datetime],
+    attachments: AttachmentTracker | None,
+    lease_s: float,
+    pid_alive: PidAlive = pid_alive,
+    this_host: str | None = None,
+) -> list[Route]:
+    """The ``/admin/workers`` and ``/admin/sessions/{ref}/attachments`` routes, behind ``gate``.
+
+    ``clock`` returns the timezone-aware time liveness is judged at, with a
+    lease of ``lease_s`` seconds (the gateway's). ``attachments`` is this
+    gateway's tracker (``None``: no live evidence here, only store records).
+    """
+    host = this_host if this_host is not None else socket.gethostname()
+
+    async def list_workers(request: Request) -> Response:
+        now = clock()
+        views = await describe_workers(store, now=now, lease_s=lease_s, pid_alive=pid_alive, this_host=host)
+        return JSONResponse(
+            {"as_of": _iso(now), "lease_s": lease_s, "workers": [view.to_json() for view in views]}
+        )
+
+    async def session_attachments(request: Request) -> Response:
+        ref = request.path_params["transport_session_ref"]
+        records = await store.list_attachments(transport_session_ref=ref)
+        evidence = attachments.describe(ref) if attachments is not None else None
+        if evidence is None and not records:
+            body = {
+                "error": {
+                    "reason": WorkersReason.TRANSPORT_SESSION_NOT_FOUND.value,
+                    "message": "no attachment evidence or record for this transport session",
+                }
+            }
+            return JSONResponse(body, status_code=404)
+        return JSONResponse(
+            {
+                "transport_session_ref": ref,
+                "evidence": evidence["namespaces"] if evidence is not None else UNPROVEN,
+                "surface_listed_at": evidence["surface_listed_at"] if evidence is not None else None,
+                "ownership_records": [_record_json(r) for r in records],
+            }
+        )
+
+    return [
+        Route("/admin/workers", gate.wrap(list_workers), methods=["GET"]),
+        Route(
+            "/admin/sessions/{transport_session_ref}/attachments",
+            gate.wrap(session_attachments),
+            methods=["GET"],
+        ),
+    ]
+
+
+def _record_json(record: AttachmentRecord) -> dict[str, Any]:
+    return {
+        "worker_id": record.worker_id,
+        "namespace": record.namespace,
+        "attached_at": _iso(record.attached_at),
+        "writer": record.writer,
+        "epoch": record.epoch,
+    }
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")

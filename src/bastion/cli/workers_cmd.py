@@ -1,0 +1,188 @@
+"""``bastion workers``: every worker identity, what it is and whether it is live (DESIGN section 6).
+
+Reads a running gateway's ``GET /admin/workers`` (``--url`` with the admin
+credential from ``--admin-token-file``), or the store file directly
+(``--data-dir``; liveness then judged with ``--lease-s``, the gateway's lease).
+Columns: identity, role, generation, epoch, liveness, heartbeat age, launch
+provenance, owning sessions (from live attachment records only; ``unproven``
+when none) and cohort. ``--json`` prints the API's JSON. Exit status: 0 done,
+1 refused or unreachable, 2 unusable arguments or files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["COLUMNS", "add_workers_parser", "row_of", "run_workers"]
+
+COLUMNS = (
+    "identity",
+    "role",
+    "generation",
+    "epoch",
+    "liveness",
+    "heartbeat_age",
+    "provenance",
+    "owning_sessions",
+    "cohort",
+)
+_PROVENANCE_KEYS = ("started_by", "server", "pid", "host", "config_version", "supersedes")
+_DEFAULT_LEASE_S = 10.0  # RuntimeOptions.lease_s
+
+
+class _Unusable(Exception):
+    """Arguments or files the command cannot use (exit 2)."""
+
+
+def add_workers_parser(subparsers: Any) -> None:
+    """Register ``workers`` on the ``bastion`` subparsers."""
+    parser = subparsers.add_parser(
+        "workers", help="list worker identities: generation, epoch, liveness, provenance, owners"
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--url", help="a running gateway, e.g. http://127.0.0.1:8765 (needs the admin API)")
+    source.add_argument("--data-dir", type=Path, help="read the store file under this directory instead")
+    parser.add_argument("--admin-token-file", type=Path, help="with --url: file holding the admin token")
+    parser.add_argument(
+        "--lease-s", type=float, default=_DEFAULT_LEASE_S, help="with --data-dir: the gateway's lease"
+    )
+    parser.add_argument("--json", action="store_true", dest="as_json", help="print JSON")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+
+
+def run_workers(
+    args: argparse.Namespace,
+    *,
+    http: httpx.Client | None = None,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+) -> int:
+    """Run ``bastion workers``; returns the exit status. ``http`` replaces the client in tests."""
+    try:
+        if args.url is not None:
+            answer = _from_admin_api(args, http, err)
+            if answer is None:
+                return 1
+        else:
+            answer = _from_store(args)
+    except _Unusable as exc:
+        print(f"bastion: {exc}", file=err)
+        return 2
+    if args.as_json:
+        print(json.dumps(answer, indent=2, sort_keys=True), file=out)
+    else:
+        _print_table(answer.get("workers", []), out)
+    return 0
+
+
+def _from_admin_api(
+    args: argparse.Namespace, http: httpx.Client | None, err: TextIO
+) -> dict[str, Any] | None:
+    import httpx
+
+    if args.admin_token_file is None:
+        raise _Unusable("--url needs --admin-token-file")
+    admin_token = _read_secret(args.admin_token_file)
+    base = str(args.url).rstrip("/").removesuffix("/mcp")
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    try:
+        if http is None:
+            with httpx.Client(timeout=args.timeout) as client:
+                response = client.get(base + "/admin/workers", headers=headers)
+        else:
+            response = http.get(base + "/admin/workers", headers=headers)
+    except httpx.HTTPError as exc:
+        print(f"bastion: cannot reach the admin API at {base}: {type(exc).__name__}", file=err)
+        return None
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        print(f"bastion: the admin API answered {response.status_code} without JSON", file=err)
+        return None
+    if response.status_code >= 400:
+        error = answer.get("error") or {}
+        print(f"bastion: {error.get('reason', response.status_code)}: {error.get('message', '')}", file=err)
+        return None
+    return answer
+
+
+def _from_store(args: argparse.Namespace) -> dict[str, Any]:
+    import anyio
+
+    from bastion.store.sqlite import SqliteStore
+    from bastion.workers.liveness import pid_alive, this_host
+    from bastion.workers.registry import describe_workers
+
+    path = args.data_dir / "bastion.db"
+    if not path.is_file():  # never create a store where none is
+        raise _Unusable(f"no store at {path}")
+    if not args.lease_s > 0:
+        raise _Unusable("--lease-s must be positive")
+
+    async def read() -> dict[str, Any]:
+        now = datetime.now(UTC)
+        async with await SqliteStore.open(path) as store:
+            views = await describe_workers(
+                store, now=now, lease_s=args.lease_s, pid_alive=pid_alive, this_host=this_host()
+            )
+        return {
+            "as_of": now.isoformat().replace("+00:00", "Z"),
+            "lease_s": args.lease_s,
+            "workers": [v.to_json() for v in views],
+        }
+
+    return anyio.run(read)
+
+
+def row_of(worker: dict[str, Any]) -> dict[str, str]:
+    """One table row from one worker's JSON (as ``GET /admin/workers`` gives it)."""
+    generation = worker.get("generation")
+    if generation is not None and worker.get("superseded"):
+        generation = f"{generation} (superseded)"
+    provenance = worker.get("provenance") or {}
+    owners = worker.get("owning_sessions")
+    cohort = str(worker.get("cohort"))
+    if worker.get("cohort_standing") == "duplicate":
+        cohort += " duplicate"
+    else:
+        cohort += f" ({worker.get('cohort_live', 0)} live)"
+    launched = " ".join(f"{k}={provenance[k]}" for k in _PROVENANCE_KEYS if provenance.get(k) is not None)
+    return {
+        "identity": str(worker.get("worker_id")),
+        "role": str(worker.get("role")),
+        "generation": "-" if generation is None else str(generation),
+        "epoch": "-" if worker.get("epoch") is None else str(worker.get("epoch")),
+        "liveness": str(worker.get("liveness")),
+        "heartbeat_age": f"{float(worker.get('heartbeat_age_s') or 0.0):.1f}s",
+        "provenance": launched or "unproven",
+        "owning_sessions": owners if isinstance(owners, str) else ",".join(owners or []) or "unproven",
+        "cohort": cohort,
+    }
+
+
+def _print_table(workers: list[dict[str, Any]], out: TextIO) -> None:
+    cells = [[c.upper() for c in COLUMNS]]
+    cells += [[row_of(w)[c] for c in COLUMNS] for w in workers]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    for line in cells:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip(), file=out)
+
+
+def _read_secret(path: Path) -> str:
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise _Unusable(f"cannot read the admin token file {path}: {exc.strerror}") from None
+    if not secret or any(c.isspace() for c in secret):
+        raise _Unusable(f"the admin token file {path} must hold one token")
+    return secret

@@ -1,0 +1,226 @@
+"""Identities for the upstream runtimes Bastion launches: its stdio server processes (DESIGN section 6).
+
+Every process ``upstream/stdio.py`` starts registers a worker identity of its
+own (role ``upstream``) with its launch provenance (server, PID, host,
+configuration version, the launching gateway worker), and claims its server's
+slot: the generation ``upstream:<server>``, or ``upstream:<owner>:<server>``
+when the registry is scoped to one gateway generation (two replicas on one
+store each launch their own processes, so each needs its own slots).
+
+When a process exits, that one identity is marked failed (never its
+namespace, never the fleet); the replacement the supervisor starts gets a new
+identity and claims the slot with a strictly higher epoch. The registry
+heartbeats the runtimes it launched while they run, so ``bastion workers``
+shows them live.
+
+``StdioUpstream`` calls its ``on_process_event(kind, upstream)`` hook
+synchronously; :meth:`RuntimeRegistry.process_hook` turns those calls into
+events handled in order by :meth:`RuntimeRegistry.run`, off the call path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from bastion.errors import Conflict, StaleEpoch, StoreError
+from bastion.ids import Epoch, WorkerId
+from bastion.store.base import Store
+from bastion.workers.liveness import PidAlive, pid_alive, this_host
+from bastion.workers.registry import WorkerRole, register_identity
+from bastion.workers.takeover import withdraw_if_dead
+
+__all__ = ["LaunchedRuntime", "ProcessHook", "RuntimeRegistry"]
+
+logger = logging.getLogger(__name__)
+
+ProcessHook = Callable[[str, Any], None]
+"""``hook(kind, upstream)`` with kind ``"started"``/``"exited"`` and ``upstream.name``, ``upstream.pid``."""
+
+_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
+_Event = tuple[str, str, int, str]  # kind, server, pid, config version
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchedRuntime:
+    """The identity of one running process of one server, and the epoch of its slot."""
+
+    server: str
+    worker: WorkerId
+    epoch: Epoch
+    pid: int
+
+
+class RuntimeRegistry:
+    """The identities of the upstream processes one gateway launched."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Callable[[], datetime],
+        lease_s: float,
+        heartbeat_s: float,
+        owner: str | None = None,
+        launched_by: WorkerId | None = None,
+        host: str | None = None,
+        pid_alive: PidAlive = pid_alive,
+    ) -> None:
+        if not lease_s > 0 or not heartbeat_s > 0:
+            raise ValueError("lease_s and heartbeat_s must be positive")
+        self._store = store
+        self._clock = clock
+        self._lease_s = lease_s
+        self._heartbeat_s = heartbeat_s
+        self._owner = owner
+        self._launched_by = launched_by
+        self._host = host if host is not None else this_host()
+        self._pid_alive = pid_alive
+        self._running: dict[str, LaunchedRuntime] = {}
+        self._events: tuple[MemoryObjectSendStream[_Event], MemoryObjectReceiveStream[_Event]] | None = None
+
+    def slot(self, server: str) -> str:
+        """The generation a process of ``server`` claims."""
+        return f"upstream:{server}" if self._owner is None else f"upstream:{self._owner}:{server}"
+
+    def current(self, server: str) -> LaunchedRuntime | None:
+        """The running process of ``server`` as registered, or ``None``."""
+        return self._running.get(server)
+
+    async def register_launch(
+        self, server_name: str, pid: int, config_version: str
+    ) -> tuple[WorkerId, Epoch]:
+        """Register a fresh identity for a just-started process of ``server_name`` and claim its slot.
+
+        The process it replaces (if this registry knew one) is marked failed
+        first. While the slot's holder is live (another process not known to
+        this registry, still heartbeating) the claim is retried until its lease
+        runs out; a holder whose PID is dead on this host is withdrawn at once.
+        Raises :class:`StoreError` (:class:`Conflict` when the slot stayed held).
+        """
+        previous = self._running.pop(server_name, None)
+        if previous is not None:
+            await self.mark_failed(previous.worker, "replaced by a new launch")
+        record = await register_identity(
+            self._store,
+            _worker_name(server_name),
+            WorkerRole.UPSTREAM,
+            {
+                "started_by": "bastion",
+                "launched_by": self._launched_by,
+                "server": server_name,
+                "pid": pid,
+                "host": self._host,
+                "config_version": config_version,
+                "cohort": f"upstream:{server_name}",
+            },
+            now=self._clock(),
+        )
+        epoch = await self._claim(self.slot(server_name), record.worker_id)
+        self._running[server_name] = LaunchedRuntime(server_name, record.worker_id, epoch, pid)
+        logger.info(
+            "upstream runtime registered",
+            extra={"server": server_name, "worker": record.worker_id, "epoch": epoch, "pid": pid},
+        )
+        return record.worker_id, epoch
+
+    async def _claim(self, slot: str, worker: WorkerId) -> Epoch:
+        with anyio.fail_after(self._lease_s + 5):
+            while True:
+                await withdraw_if_dead(
+                    self._store, slot, this_host=self._host, pid_alive=self._pid_alive, now=self._clock()
+                )
+                try:
+                    return await self._store.claim_generation(
+                        slot, worker, now=self._clock(), lease_s=self._lease_s
+                    )
+                except Conflict:
+                    # Held by a live process this registry did not launch: wait out its lease.
+                    await anyio.sleep(min(1.0, self._lease_s / 4))
+
+    async def mark_failed(self, worker_id: WorkerId, reason: str) -> None:
+        """Mark that one identity failed (its slot becomes claimable). Raises :class:`StoreError`."""
+        for server, running in list(self._running.items()):
+            if running.worker == worker_id:
+                del self._running[server]
+        await self._store.mark_worker_failed(worker_id, reason, self._clock())
+        logger.warning("upstream runtime failed", extra={"worker": worker_id, "reason": reason})
+
+    async def heartbeat_once(self) -> None:
+        """Heartbeat every running runtime; one that was superseded or failed is dropped."""
+        for server, running in list(self._running.items()):
+            try:
+                await self._store.heartbeat(running.worker, self._clock())
+            except StaleEpoch:
+                self._running.pop(server, None)
+            except StoreError as exc:
+                logger.warning("upstream runtime heartbeat failed: %s", exc.message)
+
+    # ------------------------------------------------------------------ the process hook
+
+    def process_hook(self, config_version: str) -> ProcessHook:
+        """A hook for ``StdioUpstream(on_process_event=...)``: queues the event for :meth:`run`."""
+        send = self._event_streams()[0]
+
+        def hook(kind: str, upstream: Any) -> None:
+            pid = getattr(upstream, "pid", None)
+            if kind in ("started", "exited") and isinstance(pid, int):
+                # After run() ended (shutdown) events have nowhere to go; the process hook must not raise.
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    send.send_nowait((kind, str(upstream.name), pid, config_version))
+
+        return hook
+
+    async def run(self) -> None:
+        """Handle process events in order and heartbeat the running runtimes, until cancelled.
+
+        When it ends, later hook calls are dropped (the hook never raises).
+        """
+        send, receive = self._event_streams()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._heartbeat_forever)
+                async for kind, server, pid, config_version in receive:
+                    await self._handle(kind, server, pid, config_version)
+        finally:
+            send.close()
+            receive.close()
+
+    def _event_streams(self) -> tuple[MemoryObjectSendStream[_Event], MemoryObjectReceiveStream[_Event]]:
+        if self._events is None:
+            self._events = anyio.create_memory_object_stream[_Event](math.inf)
+        return self._events
+
+    async def _handle(self, kind: str, server: str, pid: int, config_version: str) -> None:
+        try:
+            if kind == "started":
+                await self.register_launch(server, pid, config_version)
+                return
+            running = self._running.get(server)
+            if running is not None and running.pid == pid:
+                await self.mark_failed(running.worker, f"process {pid} exited")
+        except (StoreError, TimeoutError) as exc:
+            logger.error(
+                "could not record an upstream runtime event",
+                extra={"server": server, "event": kind, "error": str(exc)},
+            )
+
+    async def _heartbeat_forever(self) -> None:
+        while True:
+            await anyio.sleep(self._heartbeat_s)
+            await self.heartbeat_once()
+
+
+def _worker_name(server: str) -> str:
+    """``upstream-<server>`` in the identity alphabet (lowercase letters, digits, dashes)."""
+    cleaned = _NAME_CHARS.sub("-", server.lower()).strip("-")[:31] or "server"
+    return f"upstream-{cleaned}".rstrip("-")

@@ -1,0 +1,236 @@
+"""Terminal persistence failure (seed 000; DESIGN sections 3 and 9; issue #3 point 8).
+
+A gateway whose store fails the terminal write (``FaultyStore`` at
+``record_outcome``, before or after the commit) in front of the real HTTP
+tools upstream: the client is told (``not_durable``), the execution never
+becomes re-runnable, new admissions are refused while the store is degraded,
+and once storage returns (the health probe runs every second) the gateway
+admits again and the audit holds the entry it owed, in a chain that verifies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from bastion.admission.states import ExecutionState
+from bastion.app import create_app
+from bastion.cli.verify_cmd import EXIT_OK
+from bastion.gateway import Gateway, RuntimeOptions
+from bastion.ids import AgentId, ExecutionId
+from bastion.policy.load import snapshot_from_mapping
+from bastion.store.base import Store
+from bastion.testing.faulty_store import FailWhen, FaultyStore
+from bastion.testing.loopback import serve_on_loopback
+from tests.e2e.conftest import Upstream, counter_value, gateway_config
+from tests.e2e.test_evidence_e2e import (
+    bundle_entries,
+    call_params,
+    export_bundle,
+    origin,
+    reason_of,
+    receipt_of,
+    save_evidence,
+    sessionless_call,
+    verify_quietly,
+    write_public_key,
+)
+from tests.e2e.test_execution_restart import entries_with
+from tests.e2e.test_transport_rules import open_session, rpc, session_headers
+
+pytestmark = pytest.mark.anyio
+
+RECOVERY_WAIT_S = 6.0  # the probe runs every second
+
+
+@dataclass
+class FaultyGateway:
+    url: str
+    gateway: Gateway
+    faulty: FaultyStore
+    data_dir: Path
+
+    async def state(self, execution_id: str) -> ExecutionState | None:
+        assert self.gateway.store is not None
+        record = await self.gateway.store.get_execution(AgentId("alice"), ExecutionId(execution_id))
+        return None if record is None else record.state
+
+
+@contextlib.asynccontextmanager
+async def faulty_gateway(tmp_path: Path, tools_url: str, when: FailWhen) -> AsyncIterator[FaultyGateway]:
+    """A gateway whose terminal writes fail (``when``) until ``faulty.recover()``."""
+    made: list[FaultyStore] = []
+
+    def wrap(inner: Store) -> Store:
+        made.append(FaultyStore(inner, fail_at="record_outcome", when=when, times=None))
+        return made[-1]
+
+    snapshot = snapshot_from_mapping(gateway_config(tmp_path, tools_url), source=None, version="durability")
+    data_dir = tmp_path / "data"
+    app = create_app(snapshot, RuntimeOptions(data_dir=data_dir, store_factory=wrap))
+    async with serve_on_loopback(app) as url:
+        yield FaultyGateway(url, app.state.gateway, made[0], data_dir)
+
+
+async def readiness(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
+    detail: dict[str, Any] = (await http.get(f"{origin(url)}/readyz")).json()
+    return detail
+
+
+async def wait_until_recovered(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
+    with anyio.fail_after(RECOVERY_WAIT_S):
+        while (detail := await readiness(http, url))["store"]["degraded"]:
+            await anyio.sleep(0.05)
+    return detail
+
+
+async def session_call(
+    http: httpx.AsyncClient, url: str, transport_session: str, name: str, **ids: str
+) -> dict[str, Any]:
+    arguments = {"text": "x"} if name == "tools__echo" else {}
+    response = await http.post(
+        url,
+        headers=session_headers(transport_session),
+        json=rpc("tools/call", call_params(name, arguments, **ids)),
+    )
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+@pytest.mark.parametrize("when", ["before_commit", "after_commit"])
+async def test_failed_terminal_write_never_allows_a_second_invocation(
+    tmp_path: Path, tools_upstream: Upstream, when: FailWhen
+) -> None:
+    """The client is told, the id is never re-run, admissions wait for storage, the audit catches up."""
+    counter = tools_upstream.counter_file
+    execution_id = f"durability-{when}"
+    async with (
+        faulty_gateway(tmp_path, tools_upstream.url, when) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        transport_session = await open_session(http, gw.url)
+        before = counter_value(counter)
+
+        # 1. The upstream ran; the terminal write failed: the client gets a clear, typed error.
+        failed = await session_call(
+            http, gw.url, transport_session, "tools__increment", execution_id=execution_id
+        )
+        assert reason_of(failed) == "not_durable", failed
+        assert failed["error"]["data"]["observed_outcome"] == "completed"
+        assert failed["error"]["data"]["execution_id"] == execution_id
+        evidence_session = receipt_of(failed)["evidence_session_id"]
+        assert evidence_session is not None
+        assert counter_value(counter) == before + 1
+        # Before the commit the row stays invoking; after it, the write landed but nobody was told so.
+        assert await gw.state(execution_id) is (
+            ExecutionState.INVOKING if when == "before_commit" else ExecutionState.COMPLETED
+        )
+        detail = await readiness(http, gw.url)
+        assert detail["ready"] is False
+        assert detail["store"]["degraded"] is True
+        assert detail["store"]["audit_owed"] == 1
+
+        # 2. While degraded: the retry and every new admission are refused, whatever the era.
+        retry = await session_call(
+            http, gw.url, transport_session, "tools__increment", execution_id=execution_id
+        )
+        fresh = await session_call(
+            http, gw.url, transport_session, "tools__echo", execution_id=f"{execution_id}-new"
+        )
+        no_id = await session_call(http, gw.url, transport_session, "tools__echo")
+        sessionless = await sessionless_call(http, gw.url, "tools__increment", execution_id=execution_id)
+        assert [reason_of(a) for a in (retry, fresh, no_id, sessionless)] == ["not_durable"] * 4
+        assert counter_value(counter) == before + 1
+
+        # 3. Storage returns: the probe clears the degraded state and writes what the audit is owed.
+        gw.faulty.recover()
+        detail = await wait_until_recovered(http, gw.url)
+        assert detail["store"]["audit_owed"] == 0
+
+        # 4. The execution is still refused: stuck in flight (never terminal by guess), or a replay.
+        again = await session_call(
+            http, gw.url, transport_session, "tools__increment", execution_id=execution_id
+        )
+        if when == "before_commit":
+            assert reason_of(again) == "execution_in_flight", again
+            assert await gw.state(execution_id) is ExecutionState.INVOKING
+        else:
+            assert reason_of(again) == "execution_replay", again
+            assert again["error"]["data"]["earlier_outcome"] == "completed"
+        assert counter_value(counter) == before + 1
+        admitted = await session_call(
+            http, gw.url, transport_session, "tools__echo", execution_id=f"{execution_id}-after"
+        )
+        assert "result" in admitted, admitted
+
+        # 5. The chain says what happened: the owed entry follows the call's invoking entry.
+        entries = [
+            e
+            for e in bundle_entries(await export_bundle(http, gw.url, evidence_session))
+            if e["execution_id"] == execution_id
+        ]
+        events = [(e["event"], e["reason"], e["outcome"]) for e in entries]
+        assert events[:3] == [
+            ("admitted", None, None),
+            ("invoking", None, None),
+            ("refused", "terminal_write_failed", "completed"),
+        ]
+        assert len({e["call_id"] for e in entries[:3]}) == 1
+        owed = entries[2]
+        assert (owed["server"], owed["tool"], owed["binding"]) == (
+            "tools",
+            "increment",
+            entries[0]["binding"],
+        )
+        assert ("completed", None, "completed") not in events  # never recorded as completed by guess
+
+        # 6. Once the client session ends, that chain verifies offline with its claim.
+        deleted = await http.delete(gw.url, headers=session_headers(transport_session))
+        assert deleted.status_code == 200
+        bundle, claim = await save_evidence(http, gw.url, evidence_session, tmp_path)
+        code, output = verify_quietly(bundle, claim, write_public_key(gw.data_dir, tmp_path / "gateway.pem"))
+        assert code == EXIT_OK, output
+
+
+async def test_sessionless_failed_terminal_write_recovers(tmp_path: Path, tools_upstream: Upstream) -> None:
+    """Sessionless: the request's chain is closed before storage returns, so the owed entry gets its own.
+
+    Regression: the owed write once targeted the closed chain, raised
+    RuntimeError out of the health watcher and left the store degraded for good.
+    """
+    counter = tools_upstream.counter_file
+    execution_id = "durability-sessionless"
+    async with (
+        faulty_gateway(tmp_path, tools_upstream.url, "before_commit") as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        before = counter_value(counter)
+        failed = await sessionless_call(http, gw.url, "tools__increment", execution_id=execution_id)
+        assert reason_of(failed) == "not_durable", failed
+        assert counter_value(counter) == before + 1
+
+        gw.faulty.recover()
+        await wait_until_recovered(http, gw.url)
+        admitted = await sessionless_call(http, gw.url, "tools__echo", {"text": "x"}, execution_id="after")
+        assert "result" in admitted, admitted
+        owed = [e for e in entries_with(gw.data_dir, execution_id) if e["reason"] == "terminal_write_failed"]
+        assert [(e["event"], e["outcome"], e["call_id"]) for e in owed] == [
+            ("refused", "completed", receipt_of(failed)["call_id"])
+        ]
+        assert owed[0]["session_id"] != receipt_of(failed)["evidence_session_id"]
+        refused = await sessionless_call(http, gw.url, "tools__increment", execution_id=execution_id)
+        assert reason_of(refused) == "execution_in_flight"
+        assert counter_value(counter) == before + 1
+
+        # The chain that holds the late entry is closed, with a claim that verifies offline.
+        bundle, claim = await save_evidence(http, gw.url, owed[0]["session_id"], tmp_path)
+        code, output = verify_quietly(bundle, claim, write_public_key(gw.data_dir, tmp_path / "gateway.pem"))
+        assert code == EXIT_OK, output
