@@ -169,4 +169,13 @@ def _admin_router(gateway: Gateway) -> Router:
         on_revoke=gateway.end_agent_session,
     )
     routes.append(Route("/admin/reload", gate.wrap(reload), methods=["POST"]))
+    from bastion.admin.workers import worker_routes
+
+    routes += worker_routes(
+        gateway.store,
+        gate,
+        clock=lambda: datetime.now(UTC),
+        attachments=gateway.attachments,
+        lease_s=gateway.options.lease_s,
+    )
     return Router(routes=routes)

@@ -45,12 +45,13 @@ from bastion.errors import (
     UpstreamUnavailable,
 )
 from bastion.ids import CallId, new_call_id
-from bastion.policy.decide import RateLimiter, decide
+from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.snapshot import Snapshot
 from bastion.store.base import Store
 from bastion.store.health import StoreHealth
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
+from bastion.workers.attachment import AttachmentTracker, transport_session_ref
 from bastion.workers.membership import WorkerMembership
 
 __all__ = ["RECEIPT_META_KEY", "ToolCallPath", "strip_reserved_meta"]
@@ -109,8 +110,10 @@ class ToolCallPath:
         membership: WorkerMembership,
         health: StoreHealth,
         limiter: RateLimiter,
+        attachments: AttachmentTracker,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._attachments = attachments
         self._limiter = limiter
         self._monotonic = monotonic
         self._fleet = fleet
@@ -187,7 +190,11 @@ class ToolCallPath:
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)
-        # (5) Attachment gate for mutating tools: issue #5.
+        # (5) Attachment gate: a mutating tool is refused while a namespace this agent or team
+        #     requires is not connected, not in the session's surface, or contradicts itself.
+        required = snapshot.requirements.required_for(caller.agent, caller.principal.team)
+        if required and not entry.read_only:
+            self._check_attachment(caller, snapshot, required)
 
         # (6) Execution admission.
         self._health.check_admissions()
@@ -339,6 +346,22 @@ class ToolCallPath:
             self._health.failed(exc)
             raise
         await self._record(scope, attempt, AuditEvent.RELEASED, outcome=ExecutionState.RELEASED.value)
+
+    def _check_attachment(self, caller: Caller, snapshot: Snapshot, required: frozenset[str]) -> None:
+        """Raises the typed attachment condition (``required_namespace_not_connected``, ...)."""
+        transport_session = caller.transport_session
+        if transport_session is not None:
+            ref = transport_session_ref(transport_session.id)
+            listed = transport_session.surface_namespaces
+        else:
+            ref = "sessionless"
+            listed = None
+        if listed is None:
+            # Never listed (or sessionless): the surface is what this principal's tools/list would show.
+            visible = visible_tools(snapshot, caller.principal, self._fleet.catalog.values())
+            listed = frozenset(entry.namespace for entry in visible)
+            self._attachments.surface_listed(ref, listed)
+        self._attachments.check(ref, required, tool_read_only=False)
 
     def _queue(self, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         """Queue an entry of this attempt; the next :meth:`_record` writes it first, in order."""

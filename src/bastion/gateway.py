@@ -44,7 +44,7 @@ from bastion.auth.principal import Principal
 from bastion.call import ToolCallPath
 from bastion.crypto.keys import Keyring
 from bastion.errors import ConfigError, StoreError, WorkerSuperseded
-from bastion.ids import AgentId
+from bastion.ids import AgentId, WorkerId
 from bastion.methods import MethodRouter
 from bastion.policy.decide import RateLimiter, visible_tools
 from bastion.policy.load import load_snapshot
@@ -57,8 +57,15 @@ from bastion.store.health import StoreHealth
 from bastion.store.sqlite import SqliteStore
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
+from bastion.workers.attachment import (
+    AttachmentTracker,
+    SurfaceChange,
+    persist_surface_change,
+    transport_session_ref,
+)
 from bastion.workers.membership import WorkerMembership
 from bastion.workers.recovery import recover_generation
+from bastion.workers.runtimes import RuntimeRegistry
 
 __all__ = ["Gateway", "RuntimeOptions"]
 
@@ -126,8 +133,17 @@ class Gateway:
             max_sessions=snapshot.gateway.max_transport_sessions,
             clock=clock,
         )
-        self.fleet = UpstreamFleet(snapshot, on_namespace_changed=self.broadcast_tools_changed)
+        self._runtime_hook: Callable[[str, Any], None] | None = None
+        self.runtimes: RuntimeRegistry | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self.fleet = UpstreamFleet(
+            snapshot, on_namespace_changed=self.broadcast_tools_changed, on_process_event=self._process_event
+        )
         self.health = StoreHealth(refuse_when_degraded=options.refuse_when_store_degraded)
+        # Per client session and namespace: connected (upstream up) and attached (in its surface).
+        self.attachments = AttachmentTracker(
+            reattach_session=self._reattach, health_probe=self._namespace_connected
+        )
         self.started = anyio.Event()
         self.store: Store | None = None
         self.keyring: Keyring | None = None
@@ -185,6 +201,7 @@ class Gateway:
         return self._tsm.bind_chain_root(chain_root)
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        self._task_group = task_group
         options = self.options
         options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         store: Store = await SqliteStore.open(options.data_dir / "bastion.db")
@@ -246,8 +263,9 @@ class Gateway:
             membership=self.membership,
             health=self.health,
             limiter=self.limiter,
+            attachments=self.attachments,
         )
-        self.router = MethodRouter(self.fleet, self.call_path, self.snapshot)
+        self.router = MethodRouter(self.fleet, self.call_path, self.snapshot, on_surface=self._surface_listed)
         oauth = self.policy.current.auth.oauth
         verifier = None
         if oauth is not None:
@@ -256,6 +274,16 @@ class Gateway:
         self._store_auth = StoreBearerAuth(store)
         self.authenticator = Authenticator(self.auth, self._store_auth, verifier)
         task_group.start_soon(self._follow_revocations)
+        self.runtimes = RuntimeRegistry(
+            store,
+            clock=lambda: datetime.now(UTC),
+            lease_s=options.lease_s,
+            heartbeat_s=options.heartbeat_s,
+            owner=options.generation,
+            launched_by=self.membership.worker,
+        )
+        self._runtime_hook = self.runtimes.process_hook(self.policy.current.version)
+        task_group.start_soon(self.runtimes.run)
         await self.fleet.start(task_group)
         task_group.start_soon(self.membership.heartbeat_forever)
         task_group.start_soon(self.health.watch, self._probe_store)
@@ -310,6 +338,10 @@ class Gateway:
         # --- end issue #5 block
         self.started.set()
 
+    def _process_event(self, kind: str, upstream: Any) -> None:
+        if self._runtime_hook is not None:
+            self._runtime_hook(kind, upstream)
+
     async def _probe_store(self) -> None:
         assert self.store is not None and self.membership is not None and self.membership.worker is not None
         await self.store.heartbeat(self.membership.worker, datetime.now(UTC))
@@ -361,6 +393,60 @@ class Gateway:
         except StoreError as exc:
             self.health.failed(exc)
         await self._close_evidence(scope, CloseReason.REQUEST_END)
+
+    # ------------------------------------------------------------------ attachment (DESIGN section 6)
+
+    def _namespace_connected(self, namespace: str) -> bool | None:
+        for upstream in self.fleet.upstreams.values():
+            if upstream.namespace == namespace:
+                return upstream.health().connected
+        return None
+
+    def _surface_listed(self, transport_session: TransportSession, namespaces: frozenset[str]) -> None:
+        change = self.attachments.surface_listed(transport_session_ref(transport_session.id), namespaces)
+        if (change.attached or change.detached) and self._task_group is not None:
+            # Ownership records (which live session uses which worker) are written off the call path.
+            self._task_group.start_soon(self._persist_surface, change)
+
+    async def _persist_surface(self, change: SurfaceChange) -> None:
+        if self.store is None or self.membership is None or self.membership.superseded:
+            return
+        worker, epoch = self.membership.credentials()
+
+        def worker_for(namespace: str) -> WorkerId | None:
+            for name, upstream in self.fleet.upstreams.items():
+                if upstream.namespace == namespace:
+                    runtime = self.runtimes.current(name) if self.runtimes is not None else None
+                    return runtime.worker if runtime is not None else worker
+            return None
+
+        try:
+            await persist_surface_change(
+                self.store, change, worker_for=worker_for, writer=worker, epoch=epoch, now=datetime.now(UTC)
+            )
+        except StoreError as exc:
+            logger.warning("attachment records not written: %s", exc.message)
+        except Exception:  # a background record must never take the gateway down
+            logger.exception("attachment records not written")
+
+    async def _reattach(self, ref: str, namespace: str) -> frozenset[str]:
+        """The sanctioned re-attach: re-initialize that session's upstream session, refresh the surface."""
+        transport_session = next((t for t in self.registry if transport_session_ref(t.id) == ref), None)
+        server = next((n for n, u in self.fleet.upstreams.items() if u.namespace == namespace), None)
+        if transport_session is None or server is None:
+            raise RuntimeError("unknown transport session or namespace")
+        stale = transport_session.upstream_sessions.get(server)
+        if stale is not None:
+            transport_session.upstream_sessions.drop(server, stale)
+            await self.fleet.upstreams[server].close_session(stale)
+        await self.fleet.refresh_server(server)
+        visible = visible_tools(self.snapshot(), transport_session.principal, self.fleet.catalog.values())
+        surface = frozenset(entry.namespace for entry in visible)
+        transport_session.surface_namespaces = surface
+        transport_session.server_stream.publish(
+            dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        )
+        return surface
 
     # ------------------------------------------------------------------ revocation
 
@@ -477,6 +563,9 @@ class Gateway:
         outcome (``outcome_unknown`` when sent), so no entry is left without a chain.
         """
         cancelled = self.registry.remove(transport_session)
+        change = self.attachments.session_closed(transport_session_ref(transport_session.id))
+        if change.detached and self._task_group is not None:
+            self._task_group.start_soon(self._persist_surface, change)
         with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCELLED_CALLS_GRACE_S):
             for call in cancelled:
                 await call.done.wait()

@@ -18,6 +18,7 @@ from bastion.caller import Caller
 from bastion.errors import InvalidParams, MethodNotFound
 from bastion.policy.decide import visible_tools
 from bastion.policy.snapshot import Snapshot
+from bastion.session.state import TransportSession
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.versions import MODERN_VERSIONS
 
@@ -62,8 +63,14 @@ class MethodRouter:
     """Maps a JSON-RPC method to the code that answers it."""
 
     def __init__(
-        self, fleet: UpstreamFleet, call_path: ToolCallPath, snapshot: Callable[[], Snapshot]
+        self,
+        fleet: UpstreamFleet,
+        call_path: ToolCallPath,
+        snapshot: Callable[[], Snapshot],
+        *,
+        on_surface: Callable[[TransportSession, frozenset[str]], None] | None = None,
     ) -> None:
+        self._on_surface = on_surface
         self._snapshot = snapshot
         self._fleet = fleet
         self._call_path = call_path
@@ -107,7 +114,10 @@ class MethodRouter:
         # narrowed to the tools this principal's grants cover in the snapshot in force.
         visible = visible_tools(self._snapshot(), caller.principal, self._fleet.catalog.values())
         if caller.transport_session is not None:
-            caller.transport_session.surface_namespaces = frozenset(entry.namespace for entry in visible)
+            surface = frozenset(entry.namespace for entry in visible)
+            caller.transport_session.surface_namespaces = surface
+            if self._on_surface is not None:
+                self._on_surface(caller.transport_session, surface)
         return {"tools": [dict(entry.definition) for entry in visible]}
 
     async def _set_level(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:

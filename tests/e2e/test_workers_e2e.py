@@ -375,11 +375,6 @@ async def test_a_paused_gateway_is_fenced_after_a_survivor_takes_its_generation_
 # ---------------------------------------------------------------- waiting on wiring outside workers/
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs wiring: upstream/fleet.py must build StdioUpstream(on_process_event="
-    "RuntimeRegistry.process_hook(...)) and gateway.py must run RuntimeRegistry.run() in its task group",
-)
 async def test_kill_9_of_a_launched_stdio_upstream_fails_only_that_runtime(
     tmp_path: Path, holding_upstream: HoldingUpstream
 ) -> None:
@@ -437,11 +432,6 @@ async def until(
             await anyio.sleep(0.05)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs wiring: app._admin_router must append admin.workers.worker_routes(store, gate, clock=...,"
-    " attachments=..., lease_s=options.lease_s)",
-)
 async def test_bastion_workers_reads_a_running_gateway(
     tmp_path: Path, holding_upstream: HoldingUpstream
 ) -> None:
@@ -468,10 +458,6 @@ async def test_bastion_workers_reads_a_running_gateway(
         assert (worker["generation"], worker["epoch"], worker["liveness"]) == ("g1", 1, "live")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs wiring: policy/load.py [[requirements]] and call.py step 5 (AttachmentTracker.check)",
-)
 async def test_a_required_namespace_down_refuses_mutating_calls_only(
     tmp_path: Path, holding_upstream: HoldingUpstream
 ) -> None:

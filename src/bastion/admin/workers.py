@@ -10,14 +10,19 @@ Owns two read-only routes behind the admin credential (:class:`AdminGate`):
   the ``connected`` and ``attached`` evidence of one client transport session
   and its condition, plus the ownership records the store holds for it. The
   path names the session by its reference (``workers.attachment.transport_session_ref``),
-  never by its ``Mcp-Session-Id``.
+  never by its ``Mcp-Session-Id``;
+- ``POST /admin/sessions/{transport_session_ref}/reattach`` with
+  ``{"namespace": "..."}``: the sanctioned recovery of a missing attachment
+  (``AttachmentTracker.reattach``: re-initialize that session's upstream
+  session and refresh its surface). Never a process kill.
 
-Nothing here writes.
+Nothing here writes to the store.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import socket
 from collections.abc import Callable
 from datetime import datetime
@@ -38,6 +43,11 @@ __all__ = ["WorkersReason", "worker_routes"]
 
 class WorkersReason(enum.StrEnum):
     TRANSPORT_SESSION_NOT_FOUND = "transport_session_not_found"
+    REATTACH_UNAVAILABLE = "reattach_unavailable"
+    INVALID_REQUEST = "invalid_request"
+
+
+_MAX_BODY_BYTES = 4096
 
 
 def worker_routes(
@@ -50,7 +60,7 @@ def worker_routes(
     pid_alive: PidAlive = pid_alive,
     this_host: str | None = None,
 ) -> list[Route]:
-    """The ``/admin/workers`` and ``/admin/sessions/{ref}/attachments`` routes, behind ``gate``.
+    """The ``/admin/workers`` and ``/admin/sessions/{ref}/...`` routes, behind ``gate``.
 
     ``clock`` returns the timezone-aware time liveness is judged at, with a
     lease of ``lease_s`` seconds (the gateway's). ``attachments`` is this
@@ -70,13 +80,11 @@ def worker_routes(
         records = await store.list_attachments(transport_session_ref=ref)
         evidence = attachments.describe(ref) if attachments is not None else None
         if evidence is None and not records:
-            body = {
-                "error": {
-                    "reason": WorkersReason.TRANSPORT_SESSION_NOT_FOUND.value,
-                    "message": "no attachment evidence or record for this transport session",
-                }
-            }
-            return JSONResponse(body, status_code=404)
+            return _error(
+                404,
+                WorkersReason.TRANSPORT_SESSION_NOT_FOUND,
+                "no attachment evidence or record for this transport session",
+            )
         return JSONResponse(
             {
                 "transport_session_ref": ref,
@@ -86,14 +94,50 @@ def worker_routes(
             }
         )
 
+    async def reattach(request: Request) -> Response:
+        ref = request.path_params["transport_session_ref"]
+        namespace = await _namespace_of(request)
+        if namespace is None:
+            return _error(400, WorkersReason.INVALID_REQUEST, 'the body is {"namespace": "<namespace>"}')
+        if attachments is None or attachments.describe(ref) is None:
+            return _error(404, WorkersReason.TRANSPORT_SESSION_NOT_FOUND, "no live transport session here")
+        try:
+            evidence = await attachments.reattach(ref, namespace)
+        except RuntimeError:
+            return _error(409, WorkersReason.REATTACH_UNAVAILABLE, "this gateway has no re-attach path")
+        return JSONResponse({"transport_session_ref": ref, "evidence": evidence.to_json()})
+
     return [
         Route("/admin/workers", gate.wrap(list_workers), methods=["GET"]),
+        Route(
+            "/admin/sessions/{transport_session_ref}/reattach",
+            gate.wrap(reattach),
+            methods=["POST"],
+        ),
         Route(
             "/admin/sessions/{transport_session_ref}/attachments",
             gate.wrap(session_attachments),
             methods=["GET"],
         ),
     ]
+
+
+async def _namespace_of(request: Request) -> str | None:
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > _MAX_BODY_BYTES:
+            return None
+    try:
+        body = json.loads(bytes(raw) or b"{}")
+    except ValueError:
+        return None
+    namespace = body.get("namespace") if isinstance(body, dict) and len(body) == 1 else None
+    return namespace if isinstance(namespace, str) and namespace else None
+
+
+def _error(status: int, reason: WorkersReason, message: str) -> Response:
+    return JSONResponse({"error": {"reason": reason.value, "message": message}}, status_code=status)
 
 
 def _record_json(record: AttachmentRecord) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from bastion.policy.snapshot import (
     Snapshot,
     UpstreamKind,
 )
+from bastion.workers.attachment import NamespaceRequirement, NamespaceRequirements
 
 __all__ = ["load_snapshot", "snapshot_from_mapping"]
 
@@ -46,7 +47,8 @@ _ENV_NAME = re.compile(r"^[^=\x00]+$")
 _DOLLAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
-_TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants", "auth"})
+_TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants", "auth", "requirements"})
+_REQUIREMENT_KEYS = frozenset({"agent", "team", "namespaces"})
 _AUTH_KEYS = frozenset(
     {
         "resource_url",
@@ -145,6 +147,7 @@ def snapshot_from_mapping(
     agents = _read_agents(ctx, top.get("agents"))
     grants = _read_grants(ctx, top.get("grants"), servers)
     auth = _read_auth(ctx, top.get("auth"))
+    requirements = _read_requirements(ctx, top.get("requirements"), servers)
     return ctx.build(
         Snapshot,
         version=version,
@@ -154,10 +157,45 @@ def snapshot_from_mapping(
         source=source,
         grants=grants,
         auth=auth,
+        requirements=requirements,
     )
 
 
 # ---------------------------------------------------------------- sections
+
+
+def _read_requirements(ctx: _Context, value: Any, servers: Mapping[str, ServerSpec]) -> NamespaceRequirements:
+    if value is None:
+        return NamespaceRequirements()
+    if not isinstance(value, list):
+        raise ctx.error("requirements", "expected an array of tables ([[requirements]])")
+    namespaces_known = {spec.namespace for spec in servers.values()}
+    rules = []
+    for index, item in enumerate(value):
+        key = f"requirements[{index}]"
+        table = ctx.table(item, key)
+        ctx.refuse_unknown(table, _REQUIREMENT_KEYS, key)
+        if ("agent" in table) == ("team" in table):
+            raise ctx.error(key, "names exactly one of agent or team")
+        if "namespaces" not in table:
+            raise ctx.error(f"{key}.namespaces", "missing key")
+        namespaces = ctx.string_list(table["namespaces"], f"{key}.namespaces")
+        if not namespaces:
+            raise ctx.error(f"{key}.namespaces", "must list at least one namespace")
+        for position, namespace in enumerate(namespaces):
+            if namespace not in namespaces_known:
+                raise ctx.error(
+                    f"{key}.namespaces[{position}]", f"no configured server has namespace {namespace!r}"
+                )
+        rules.append(
+            ctx.build(
+                NamespaceRequirement,
+                namespaces=frozenset(namespaces),
+                agent=ctx.string(table["agent"], f"{key}.agent") if "agent" in table else None,
+                team=ctx.string(table["team"], f"{key}.team") if "team" in table else None,
+            )
+        )
+    return NamespaceRequirements(tuple(rules))
 
 
 def _read_auth(ctx: _Context, value: Any) -> AuthSettings:

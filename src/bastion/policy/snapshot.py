@@ -19,6 +19,7 @@ from bastion.auth.oauth import OAuthSettings
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
 from bastion.policy.grants import Grant
+from bastion.workers.attachment import NamespaceRequirements
 
 __all__ = [
     "TOOL_NAME_RULE",
@@ -160,6 +161,8 @@ class Snapshot:
     agents: tuple[AgentSpec, ...]
     source: Path | None = None
     auth: AuthSettings = field(default_factory=AuthSettings)
+    # Namespaces an agent or team requires attached before a mutating call (DESIGN section 6).
+    requirements: NamespaceRequirements = field(default_factory=NamespaceRequirements)
     grants: tuple[Grant, ...] = ()
 
     def __post_init__(self) -> None:

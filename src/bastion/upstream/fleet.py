@@ -53,7 +53,14 @@ NamespaceChanged = Callable[[str], Awaitable[None]]
 class UpstreamFleet:
     """The upstreams of one gateway process and their merged tool catalog."""
 
-    def __init__(self, snapshot: Snapshot, *, on_namespace_changed: NamespaceChanged | None = None) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        *,
+        on_namespace_changed: NamespaceChanged | None = None,
+        on_process_event: Callable[[str, Any], None] | None = None,
+    ) -> None:
+        self._on_process_event = on_process_event
         self._snapshot = snapshot
         self._separator = snapshot.gateway.tool_separator
         self._on_namespace_changed = on_namespace_changed
@@ -74,7 +81,9 @@ class UpstreamFleet:
     def _build(self, spec: ServerSpec) -> Upstream:
         if spec.kind is UpstreamKind.HTTP:
             return HttpUpstream(spec, self._http, on_list_changed=self._list_changed)
-        return StdioUpstream(spec, on_list_changed=self._list_changed)
+        return StdioUpstream(
+            spec, on_list_changed=self._list_changed, on_process_event=self._on_process_event
+        )
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
         """Start every upstream concurrently; their background work lives in ``task_group``."""

@@ -158,6 +158,28 @@ class HttpUpstream:
         if self._on_list_changed is not None and self._task_group is not None:
             self._task_group.start_soon(self._watch_catalog, self._catalog)
 
+    def _mark_disconnected(self, detail: str) -> None:
+        was_connected = self._connected
+        self._connected, self._detail = False, detail
+        if was_connected and self._task_group is not None:
+            self._task_group.start_soon(self._probe_until_connected)
+
+    async def _probe_until_connected(self) -> None:
+        """While disconnected, knock every second; any HTTP answer means the transport is back."""
+        while not self._connected:
+            await anyio.sleep(1.0)
+            try:
+                response = await self._client.post(
+                    self.url,
+                    headers={**self._headers, "accept": _ACCEPT, "content-type": "application/json"},
+                    content=b'{"jsonrpc":"2.0","id":0,"method":"ping"}',
+                    timeout=5.0,
+                )
+                await response.aclose()
+            except httpx.HTTPError:
+                continue
+            self._connected, self._detail = True, None
+
     def health(self) -> UpstreamHealth:
         return UpstreamHealth(
             name=self.name,
@@ -208,10 +230,18 @@ class HttpUpstream:
         try:
             with anyio.fail_after(ctx.timeout_s):
                 if self.era is UpstreamEra.SESSIONLESS:
-                    return await self._modern_call(method, params, relay, ctx)
-                return await self._session_call(method, params, relay, ctx)
+                    result = await self._modern_call(method, params, relay, ctx)
+                else:
+                    result = await self._session_call(method, params, relay, ctx)
         except TimeoutError as exc:
             raise UpstreamTimeout(f"upstream {self.name} did not answer within {ctx.timeout_s:g}s") from exc
+        except UpstreamUnavailable as exc:
+            # The transport is down (nothing could be sent): health says so until it answers again.
+            self._mark_disconnected(exc.message)
+            raise
+        if not self._connected:
+            self._connected, self._detail = True, None
+        return result
 
     async def close_session(self, upstream_session: Any) -> None:
         if not isinstance(upstream_session, HttpUpstreamSession) or upstream_session.session_id is None:

@@ -25,6 +25,8 @@ from bastion.errors import Conflict, StaleEpoch, StoreError
 from bastion.ids import Epoch, WorkerId
 from bastion.store.base import Store
 from bastion.workers.identity import mint_worker_id
+from bastion.workers.liveness import pid_alive, this_host
+from bastion.workers.takeover import withdraw_if_dead
 
 __all__ = ["WorkerMembership"]
 
@@ -72,6 +74,10 @@ class WorkerMembership:
         else:
             raise StoreError("could not register a fresh worker identity")
         previous = await self.store.get_generation(self.generation)
+        # A holder whose PID is known dead on this host is superseded at once, not after its lease (#5).
+        await withdraw_if_dead(
+            self.store, self.generation, this_host=this_host(), pid_alive=pid_alive, now=self.clock()
+        )
         with anyio.fail_after(self.lease_s + 5):
             while True:
                 try:

@@ -227,3 +227,39 @@ def test_cli_reports_an_unreachable_gateway(tmp_path: Path) -> None:
     with httpx.Client(transport=httpx.MockTransport(refuse)) as http:
         code = run_workers(args, http=http, out=out, err=err)
     assert code == 1 and "http://127.0.0.1:9" in err.getvalue()
+
+
+async def test_reattach_is_the_sanctioned_recovery_over_the_admin_api(
+    store: SqliteStore, clock: Clock
+) -> None:
+    """POST .../reattach runs the gateway's re-attach path and answers the evidence after it."""
+    calls: list[tuple[str, str]] = []
+
+    async def reattach_session(ref: str, namespace: str) -> list[str]:
+        calls.append((ref, namespace))
+        return ["notes"]
+
+    tracker = AttachmentTracker(reattach_session=reattach_session)
+    tracker.upstream_connected("notes")
+    tracker.surface_listed("ts_a", [])
+    app = app_for(store, clock, tracker, token_digest(ADMIN_TOKEN))
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app), base_url="http://a", headers=headers
+    ) as c:
+        answer = await c.post("/admin/sessions/ts_a/reattach", json={"namespace": "notes"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["evidence"]["condition"] is None and calls == [("ts_a", "notes")]
+        for bad in ({}, {"namespace": ""}, {"namespace": "notes", "more": 1}, ["notes"]):
+            refused = await c.post("/admin/sessions/ts_a/reattach", json=bad)
+            assert refused.status_code == 400 and refused.json()["error"]["reason"] == "invalid_request"
+        unknown = await c.post("/admin/sessions/ts_nobody/reattach", json={"namespace": "notes"})
+        assert unknown.status_code == 404
+    no_path = AttachmentTracker()
+    no_path.surface_listed("ts_a", [])
+    app = app_for(store, clock, no_path, token_digest(ADMIN_TOKEN))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app), base_url="http://a", headers=headers
+    ) as c:
+        answer = await c.post("/admin/sessions/ts_a/reattach", json={"namespace": "notes"})
+        assert answer.status_code == 409 and answer.json()["error"]["reason"] == "reattach_unavailable"
