@@ -385,12 +385,6 @@ async def test_other_agents_get_404_for_both_read_paths(running_gateway: Running
     assert anonymous.status_code == 401
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="transport/streamable_http.py _post_sessionless closes the request's evidence session "
-    "(end_request_evidence) only after _answer has sent the response, so the claim is usually "
-    "not issued yet when the client asks for it",
-)
 @pytest.mark.anyio
 async def test_sessionless_claim_is_issued_before_the_answer(running_gateway: RunningGateway) -> None:
     """A sessionless request's claim is available as soon as its answer has arrived."""

@@ -14,9 +14,6 @@ Waits are bounded and wait on what the processes say (their stdout protocol
 lines and JSON log lines), never on elapsed time; the survivor's takeover
 itself needs the lease (1 s) to run out in real time.
 
-Tests marked ``xfail(strict=True)`` need wiring outside ``workers/`` (named in
-each reason); they turn into failures (XPASS) once it lands, so the marker
-is removed then.
 """
 
 from __future__ import annotations

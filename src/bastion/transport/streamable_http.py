@@ -258,7 +258,17 @@ class FrontDoor:
             evidence=evidence,
         )
         try:
-            await self._answer(receive, send, caller, message, sse_allowed, cancel_on_disconnect=True)
+            # The request's evidence session closes, its claim issued, before the answer goes out:
+            # the receipt a client gets always names a claim it can fetch at once.
+            await self._answer(
+                receive,
+                send,
+                caller,
+                message,
+                sse_allowed,
+                cancel_on_disconnect=True,
+                before_finish=lambda: self._end_request_evidence(evidence),
+            )
         finally:
             with anyio.CancelScope(shield=True):
                 await self._end_request_evidence(evidence)
@@ -272,6 +282,7 @@ class FrontDoor:
         sse_allowed: bool,
         *,
         cancel_on_disconnect: bool,
+        before_finish: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Dispatch one request and write its answer to its own channel only."""
         channel = ResponseChannel(send, sse_allowed=sse_allowed)
@@ -294,6 +305,9 @@ class FrontDoor:
                             tg.cancel_scope.cancel()
                 else:
                     reply, status = await self._dispatch(caller, request, sessionless)
+                if before_finish is not None:
+                    with anyio.CancelScope(shield=True):
+                        await before_finish()
                 await channel.finish(reply, status)
             finally:
                 if transport_session is not None:
