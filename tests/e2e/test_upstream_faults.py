@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import anyio
@@ -153,3 +154,23 @@ async def test_session_delete_closes_only_its_upstream_sessions(
             assert gone.status_code == 404
             result = await bob.call_tool("tools__echo", {"text": "bob still"})
     assert result.content[0].text == "bob still"  # type: ignore[union-attr]
+
+
+async def test_stdio_upstream_is_stopped_on_shutdown(tmp_path: Path, tools_upstream: Upstream) -> None:
+    """The process Bastion launched does not outlive the gateway."""
+    snapshot = snapshot_from_mapping(gateway_config(tmp_path, tools_upstream.url), source=None, version="t")
+    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))
+    async with serve_on_loopback(app):
+        upstream = app.state.gateway.fleet.upstreams["notes"]
+        assert isinstance(upstream, StdioUpstream)
+        pid = upstream.pid
+        assert pid is not None
+        os.kill(pid, 0)  # alive while the gateway serves
+    with anyio.fail_after(10):
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            # A zombie still answers kill(0) until reaped; the gateway waits for it, so this is brief.
+            await anyio.sleep(0.05)
