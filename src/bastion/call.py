@@ -148,6 +148,7 @@ class ToolCallPath:
             exc.data["receipt"] = self._receipt(scope, attempt)
             raise
         except (UpstreamError, StoreError) as exc:
+            exc.data.pop("audited", None)
             exc.data["receipt"] = self._receipt(scope, attempt)
             raise
 
@@ -197,7 +198,18 @@ class ToolCallPath:
             self._check_attachment(caller, snapshot, required)
 
         # (6) Execution admission.
-        self._health.check_admissions()
+        try:
+            self._health.check_admissions()
+        except NotDurable as exc:
+            # Refused while storage cannot write: the refusal is owed to the audit (bounded queue).
+            owed = [
+                (
+                    AuditEvent.REFUSED,
+                    {**attempt.fields(), "decision": Decision.DENY.value, "reason": exc.reason.value},
+                )
+            ]
+            self._health.failed(exc, owed=lambda: scope.record_owed_many(owed))
+            raise
         execution_id = attempt.envelope.execution_id
         worker, epoch = self._membership.credentials()
         if execution_id is not None:

@@ -114,7 +114,7 @@ def origin(url: str) -> str:
 async def wait_for_claim(
     http: httpx.AsyncClient, url: str, session_id: str, *, agent: str = "alice"
 ) -> bytes:
-    """The claim file's bytes, polled (bounded) until issued: a sessionless close follows its answer."""
+    """The claim file's bytes, polled (bounded): an abandoned request closes its chain after it."""
     with anyio.fail_after(CLAIM_WAIT_S):
         while True:
             response = await http.get(f"{origin(url)}/sessions/{session_id}/trace-claim", headers=auth(agent))

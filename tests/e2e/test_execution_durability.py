@@ -11,6 +11,7 @@ admits again and the audit holds the entry it owed, in a chain that verifies.
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import anyio
 import httpx
+import orjson
 import pytest
 
 from bastion.admission.states import ExecutionState
@@ -234,3 +236,35 @@ async def test_sessionless_failed_terminal_write_recovers(tmp_path: Path, tools_
         bundle, claim = await save_evidence(http, gw.url, owed[0]["session_id"], tmp_path)
         code, output = verify_quietly(bundle, claim, write_public_key(gw.data_dir, tmp_path / "gateway.pem"))
         assert code == EXIT_OK, output
+
+
+def entries_of_call(data_dir: Path, call_id: str) -> list[dict[str, Any]]:
+    """Every audit entry of one attempt, across chains (read-only, straight from the SQLite file)."""
+    uri = f"file:{data_dir / 'bastion.db'}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+        rows = conn.execute(
+            "SELECT entry FROM entries WHERE json_extract(entry, '$.call_id') = ?", (call_id,)
+        ).fetchall()
+    return [orjson.loads(row[0]) for row in rows]
+
+
+async def test_refusals_while_degraded_reach_the_audit_once_storage_returns(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
+    """Every refusal is an audit entry (DESIGN §2): one made while degraded is written once storage is up."""
+    async with (
+        faulty_gateway(tmp_path, tools_upstream.url, "before_commit") as gw,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        failed = await sessionless_call(http, gw.url, "tools__increment", execution_id="degraded-1")
+        assert reason_of(failed) == "not_durable"
+        refused = await sessionless_call(
+            http, gw.url, "tools__echo", {"text": "x"}, execution_id="degraded-2"
+        )
+        assert reason_of(refused) == "not_durable"
+        gw.faulty.recover()
+        await wait_until_recovered(http, gw.url)
+        entries = entries_of_call(gw.data_dir, receipt_of(refused)["call_id"])
+    assert [(e["event"], e["reason"], e["execution_id"]) for e in entries] == [
+        ("refused", "not_durable", "degraded-2")
+    ]
