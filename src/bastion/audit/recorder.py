@@ -107,13 +107,12 @@ class EvidenceRecorder:
             epoch=epoch,
         )
         assert genesis.hash is not None
-        await self._store.open_chain(session_id, genesis, worker=worker, epoch=epoch)
+        # The attestation is made from the genesis hash before anything is written, so the
+        # chain opens with both its first links in one transaction.
         record = self._attest(genesis.hash)
         attestation = attestation_entry(genesis, record, at=self._now(), worker=worker, epoch=epoch)
-        stored = await self._store.append_entry(
-            session_id, lambda seq, prev: attestation, worker=worker, epoch=epoch
-        )
-        return session_id, genesis, stored
+        await self._store.open_chain(session_id, genesis, worker=worker, epoch=epoch, then=(attestation,))
+        return session_id, genesis, attestation
 
     async def close(self, evidence: EvidenceSession, reason: CloseReason) -> dict[str, Any] | None:
         """Close the chain with ``reason`` and store its signed claim; idempotent."""
@@ -126,7 +125,6 @@ class EvidenceRecorder:
 
     async def _close_chain(self, evidence: EvidenceSession, reason: CloseReason) -> dict[str, Any]:
         worker, epoch = self._membership.credentials()
-        built: list[AuditEntry] = []
 
         def final(seq: int, prev: str) -> AuditEntry:
             entry = _entry(
@@ -140,19 +138,27 @@ class EvidenceRecorder:
                 epoch=epoch,
                 detail={"close_reason": CloseReason(reason).value},
             )
-            built.append(entry)
             return entry
 
-        await self._store.close_chain(evidence.session_id, worker=worker, epoch=epoch, final=final)
-        summary = ChainSummary.of(evidence.genesis, evidence.attestation, built[-1])
-        claim = issue_claim(
-            summary,
-            profile=self._profile,
-            policy=self._policy(),
-            keyring=self._keyring,
-            issued_at=self._now(),
+        claims: list[dict[str, Any]] = []
+
+        def claim_for(close: AuditEntry) -> dict[str, Any]:
+            summary = ChainSummary.of(evidence.genesis, evidence.attestation, close)
+            claim = issue_claim(
+                summary,
+                profile=self._profile,
+                policy=self._policy(),
+                keyring=self._keyring,
+                issued_at=self._now(),
+            )
+            claims.append(claim)
+            return claim
+
+        # The close entry, the closed flag and the signed claim land in one transaction.
+        await self._store.close_chain(
+            evidence.session_id, worker=worker, epoch=epoch, final=final, claim_for=claim_for
         )
-        await self._store.store_claim(evidence.session_id, claim, worker=worker, epoch=epoch)
+        claim = claims[-1]
         return claim
 
     # ------------------------------------------------------------------ append

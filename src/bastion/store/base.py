@@ -493,9 +493,17 @@ class Store(Protocol):
     # ------------------------------------------------------------ audit chains
 
     async def open_chain(
-        self, session_id: EvidenceSessionId, genesis: AuditEntry, *, worker: WorkerId, epoch: Epoch
+        self,
+        session_id: EvidenceSessionId,
+        genesis: AuditEntry,
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+        then: Sequence[AuditEntry] = (),
     ) -> ChainInfo:
-        """Create the chain with its sealed genesis entry (``seq`` 0, ``prev`` 64 zeros) as root.
+        """With ``then``, those sealed entries (seq 1, 2, ...) are written in the same transaction.
+
+        Create the chain with its sealed genesis entry (``seq`` 0, ``prev`` 64 zeros) as root.
 
         The chain's owner is ``genesis.agent``. Raises :class:`Conflict` if the
         chain exists, :class:`StaleEpoch`, and :class:`ValueError` for a
@@ -554,8 +562,13 @@ class Store(Protocol):
         worker: WorkerId,
         epoch: Epoch,
         final: AppendBuilder | None = None,
+        claim_for: Callable[[AuditEntry], Mapping[str, Any]] | None = None,
     ) -> ChainInfo:
-        """Close the chain (later appends raise :class:`Conflict`) and return its final head.
+        """With ``claim_for``, the claim it makes from the close entry is stored in the
+        same transaction (as :meth:`store_claim` would), so a closed chain and its claim
+        land together.
+
+        Close the chain (later appends raise :class:`Conflict`) and return its final head.
 
         With ``final``, the close entry it builds is appended in the same
         transaction, exactly as :meth:`append_entry` would, so no chain is ever

@@ -588,10 +588,17 @@ class SqliteStore:
     # ------------------------------------------------------------ audit chains
 
     async def open_chain(
-        self, session_id: EvidenceSessionId, genesis: AuditEntry, *, worker: WorkerId, epoch: Epoch
+        self,
+        session_id: EvidenceSessionId,
+        genesis: AuditEntry,
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+        then: Sequence[AuditEntry] = (),
     ) -> ChainInfo:
         _check_link(genesis, session_id, 0, GENESIS_PREV)
         entry_json = _entry_json(genesis)
+        following = [(entry, _entry_json(entry)) for entry in then]
 
         def op(conn: sqlite3.Connection) -> ChainInfo:
             generation = _fence(conn, worker, epoch)
@@ -603,6 +610,16 @@ class SqliteStore:
                 (session_id, genesis.agent, genesis.hash, genesis.hash, generation),
             )
             _insert_entry(conn, genesis, entry_json, worker, epoch)
+            head = genesis
+            for entry, text in following:
+                _check_link(entry, session_id, head.seq + 1, head.hash or "")
+                _insert_entry(conn, entry, text, worker, epoch)
+                head = entry
+            if following:
+                conn.execute(
+                    "UPDATE chains SET head_seq = ?, head_hash = ? WHERE session_id = ?",
+                    (head.seq, head.hash, session_id),
+                )
             return _select_chain(conn, session_id)  # type: ignore[return-value]
 
         return await self._write(op)
@@ -662,17 +679,20 @@ class SqliteStore:
         worker: WorkerId,
         epoch: Epoch,
         final: AppendBuilder | None = None,
+        claim_for: Callable[[AuditEntry], Mapping[str, Any]] | None = None,
     ) -> ChainInfo:
         def op(conn: sqlite3.Connection) -> ChainInfo:
             _fence(conn, worker, epoch)
-            if final is not None:
-                _append(conn, session_id, final, worker, epoch)
+            closing = _append(conn, session_id, final, worker, epoch) if final is not None else None
             chain = _select_chain(conn, session_id)
             if chain is None:
                 raise Conflict("unknown audit chain", session_id=session_id)
             if chain.closed:
                 raise Conflict("audit chain is already closed", session_id=session_id)
             conn.execute("UPDATE chains SET closed = 1 WHERE session_id = ?", (session_id,))
+            if claim_for is not None and closing is not None:
+                claim_json = _dumps(claim_for(closing))
+                conn.execute("INSERT INTO claims (session_id, claim) VALUES (?, ?)", (session_id, claim_json))
             return _select_chain(conn, session_id)  # type: ignore[return-value]
 
         return await self._write(op)

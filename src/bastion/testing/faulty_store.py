@@ -266,10 +266,17 @@ class FaultyStore:
     # ------------------------------------------------------------ audit chains
 
     async def open_chain(
-        self, session_id: EvidenceSessionId, genesis: AuditEntry, *, worker: WorkerId, epoch: Epoch
+        self,
+        session_id: EvidenceSessionId,
+        genesis: AuditEntry,
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+        then: Sequence[AuditEntry] = (),
     ) -> ChainInfo:
         return await self._guard(
-            "open_chain", lambda: self.inner.open_chain(session_id, genesis, worker=worker, epoch=epoch)
+            "open_chain",
+            lambda: self.inner.open_chain(session_id, genesis, worker=worker, epoch=epoch, then=then),
         )
 
     async def append_entry(
@@ -310,10 +317,13 @@ class FaultyStore:
         worker: WorkerId,
         epoch: Epoch,
         final: AppendBuilder | None = None,
+        claim_for: Callable[[AuditEntry], Mapping[str, Any]] | None = None,
     ) -> ChainInfo:
         return await self._guard(
             "close_chain",
-            lambda: self.inner.close_chain(session_id, worker=worker, epoch=epoch, final=final),
+            lambda: self.inner.close_chain(
+                session_id, worker=worker, epoch=epoch, final=final, claim_for=claim_for
+            ),
         )
 
     async def store_claim(
