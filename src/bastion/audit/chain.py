@@ -45,6 +45,7 @@ __all__ = [
     "CloseReason",
     "attestation_entry",
     "close_entry",
+    "link_entry",
     "make_genesis",
     "new_chain_nonce",
     "next_entry",
@@ -143,17 +144,69 @@ def next_entry(
         raise ValueError("previous entry is not sealed")
     if previous.event == AuditEvent.SESSION_CLOSE:
         raise ValueError("the evidence session is closed; nothing follows its close entry")
+    return link_entry(
+        previous.seq + 1,
+        previous.hash,
+        previous.session_id,
+        agent if agent is not None else previous.agent,
+        event=event,
+        at=at,
+        call_id=call_id,
+        workflow_id=workflow_id,
+        execution_id=execution_id,
+        server=server,
+        tool=tool,
+        args_digest=args_digest,
+        binding=binding,
+        decision=decision,
+        reason=reason,
+        outcome=outcome,
+        policy_version=policy_version,
+        worker=worker,
+        epoch=epoch,
+        detail=detail,
+    )
+
+
+def link_entry(
+    seq: int,
+    prev: str,
+    session_id: str,
+    agent: str | None,
+    *,
+    event: AuditEvent,
+    at: datetime,
+    call_id: str | None = None,
+    workflow_id: str | None = None,
+    execution_id: str | None = None,
+    server: str | None = None,
+    tool: str | None = None,
+    args_digest: str | None = None,
+    binding: str | None = None,
+    decision: str | None = None,
+    reason: str | None = None,
+    outcome: str | None = None,
+    policy_version: str | None = None,
+    worker: str | None = None,
+    epoch: int | None = None,
+    detail: Mapping[str, Any] | None = None,
+) -> AuditEntry:
+    """The sealed entry at ``seq`` after the link whose hash is ``prev``.
+
+    For builders that know the head only as ``(seq, hash)`` (the store's append
+    transaction). Raises the JCS error if ``detail`` has no RFC 8785 form.
+    """
     body_detail = dict(detail) if detail is not None else None
     if body_detail is not None:
         canonical_json(body_detail)  # refuse now what could never be hashed or verified
     return AuditEntry(
-        seq=previous.seq + 1,
+        seq=seq,
         ts=format_ts(at),
-        session_id=previous.session_id,
+        session_id=session_id,
         call_id=call_id,
         workflow_id=workflow_id,
         execution_id=execution_id,
-        agent=agent if agent is not None else previous.agent,
+        agent=agent,
         event=AuditEvent(event).value,
         server=server,
         tool=tool,
@@ -166,7 +219,7 @@ def next_entry(
         worker=worker,
         epoch=epoch,
         detail=body_detail,
-        prev=previous.hash,
+        prev=prev,
     ).seal()
 
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import anyio
 
-from bastion.audit.chain import ChainSummary, CloseReason, attestation_entry, make_genesis
+from bastion.audit.chain import ChainSummary, CloseReason, attestation_entry, link_entry, make_genesis
 from bastion.audit.claim import ClaimProfile, PolicyInForce, issue_claim
-from bastion.audit.entry import AuditEntry, AuditEvent, format_ts
+from bastion.audit.entry import AuditEntry, AuditEvent
 from bastion.crypto.keys import Keyring
 from bastion.ids import AgentId, EvidenceSessionId, new_evidence_session_id
 from bastion.store.base import Store
@@ -258,38 +258,6 @@ def _entry(
     *,
     worker: str | None,
     epoch: int | None,
-    call_id: str | None = None,
-    workflow_id: str | None = None,
-    execution_id: str | None = None,
-    server: str | None = None,
-    tool: str | None = None,
-    args_digest: str | None = None,
-    binding: str | None = None,
-    decision: str | None = None,
-    reason: str | None = None,
-    outcome: str | None = None,
-    policy_version: str | None = None,
-    detail: dict[str, Any] | None = None,
+    **fields: Any,
 ) -> AuditEntry:
-    return AuditEntry(
-        seq=seq,
-        ts=format_ts(at),
-        session_id=session_id,
-        call_id=call_id,
-        workflow_id=workflow_id,
-        execution_id=execution_id,
-        agent=agent,
-        event=AuditEvent(event).value,
-        server=server,
-        tool=tool,
-        args_digest=args_digest,
-        binding=binding,
-        decision=decision,
-        reason=reason,
-        outcome=outcome,
-        policy_version=policy_version,
-        worker=worker,
-        epoch=epoch,
-        detail=detail,
-        prev=prev,
-    ).seal()
+    return link_entry(seq, prev, session_id, agent, event=event, at=at, worker=worker, epoch=epoch, **fields)
