@@ -119,6 +119,7 @@ def create_app(
                     router=gateway.router,
                     close_session=gateway.close_transport_session,
                     evidence_for=gateway.evidence_for,
+                    request_evidence_for=gateway.request_evidence_for,
                     end_request_evidence=gateway.end_request_evidence,
                     audit_isolation=gateway.audit_isolation,
                     serving=gateway.serving,

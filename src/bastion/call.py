@@ -380,20 +380,29 @@ class ToolCallPath:
         attempt.pending.append((event, {**attempt.fields(), **extra}))
 
     async def _record_pending(self, scope: EvidenceScope, attempt: _Attempt) -> None:
-        """Write the queued entries now (raises ``NotDurable``)."""
-        await self._write_batch(scope, attempt, [])
+        """Write the queued entries now, durably: something irreversible follows (raises ``NotDurable``)."""
+        await self._write_batch(scope, attempt, [], durable=True)
 
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
-        """Write the queued entries and this one, durably, in one go (raises ``NotDurable``)."""
-        await self._write_batch(scope, attempt, [(event, {**attempt.fields(), **extra})])
+        """Write the queued entries and this one in one go (raises ``NotDurable``).
+
+        Durable before the answer: a session-era scope writes now; a sessionless request's
+        scope writes its whole chain, in one transaction, when it closes just before answering.
+        """
+        await self._write_batch(scope, attempt, [(event, {**attempt.fields(), **extra})], durable=False)
 
     async def _write_batch(
-        self, scope: EvidenceScope, attempt: _Attempt, extra: list[tuple[AuditEvent, dict[str, Any]]]
+        self,
+        scope: EvidenceScope,
+        attempt: _Attempt,
+        extra: list[tuple[AuditEvent, dict[str, Any]]],
+        *,
+        durable: bool,
     ) -> None:
         batch = [*attempt.pending, *extra]
         attempt.pending = []
         try:
-            entries = await scope.record_many(batch)
+            entries = await scope.record_many(batch, durable=durable)
         except StoreError as exc:
             self._health.failed(exc, owed=lambda: scope.record_owed_many(batch))
             raise NotDurable("The audit entry could not be made durable") from exc

@@ -372,8 +372,24 @@ class Gateway:
             unsafe_disabled=self.options.unsafe_no_audit,
         )
 
+    def request_evidence_for(self, agent: AgentId) -> EvidenceScope:
+        """The evidence scope of one sessionless request: written whole, in one transaction, at its end."""
+        assert self.recorder is not None
+        return EvidenceScope(
+            self.recorder,
+            agent,
+            policy_version=self.policy.current.version,
+            unsafe_disabled=self.options.unsafe_no_audit,
+            deferred=True,
+        )
+
     async def end_request_evidence(self, scope: EvidenceScope) -> None:
-        await self._close_evidence(scope, CloseReason.REQUEST_END)
+        """Close a sessionless request's evidence before it answers; raises if it cannot be made durable."""
+        try:
+            await scope.close(CloseReason.REQUEST_END)
+        except StoreError as exc:
+            self.health.failed(exc, owed=lambda: scope.close(CloseReason.REQUEST_END))
+            raise
 
     async def _close_evidence(self, scope: EvidenceScope, reason: CloseReason) -> None:
         try:

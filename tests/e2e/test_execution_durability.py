@@ -31,7 +31,7 @@ from bastion.policy.load import snapshot_from_mapping
 from bastion.store.base import Store
 from bastion.testing.faulty_store import FailWhen, FaultyStore
 from bastion.testing.loopback import serve_on_loopback
-from tests.e2e.conftest import Upstream, counter_value, gateway_config
+from tests.e2e.conftest import TOKENS, Upstream, counter_value, gateway_config
 from tests.e2e.test_evidence_e2e import (
     bundle_entries,
     call_params,
@@ -268,3 +268,31 @@ async def test_refusals_while_degraded_reach_the_audit_once_storage_returns(
     assert [(e["event"], e["reason"], e["execution_id"]) for e in entries] == [
         ("refused", "not_durable", "degraded-2")
     ]
+
+
+async def test_a_sessionless_result_is_withheld_when_its_evidence_cannot_be_written(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
+    """A sessionless request's chain is written whole before the answer; if that fails, no success is shown."""
+    made: list[FaultyStore] = []
+
+    def wrap(inner: Store) -> Store:
+        made.append(FaultyStore(inner, fail_at="open_chain", when="before_commit", times=1))
+        return made[-1]
+
+    snapshot = snapshot_from_mapping(gateway_config(tmp_path, tools_upstream.url), source=None, version="d")
+    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data", store_factory=wrap))
+    async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=30) as http:
+        failed = await sessionless_call(http, url, "tools__echo", {"text": "x"})
+        assert reason_of(failed) == "not_durable", failed
+        assert "result" not in failed
+        detail = await wait_until_recovered(http, url)
+        assert detail["store"]["audit_owed"] == 0
+        # The owed chain was written once storage returned: its claim can be fetched.
+        claimed = await http.get(
+            f"{origin(url)}/sessions/{receipt_of(failed)['evidence_session_id']}/trace-claim",
+            headers={"authorization": f"Bearer {TOKENS['alice']}"},
+        )
+        ok = await sessionless_call(http, url, "tools__echo", {"text": "y"})
+    assert claimed.status_code == 200, claimed.text
+    assert ok["result"]["content"][0]["text"] == "y"

@@ -55,6 +55,14 @@ class EvidenceSession:
     closed: bool = False
     claim: dict[str, Any] | None = None
     lock: anyio.Lock = field(default_factory=anyio.Lock)
+    # A deferred session (one sessionless request) is sealed in memory and written in one
+    # transaction: at its first durable append, or with its close and claim.
+    persisted: bool = True
+    buffered: list[AuditEntry] = field(default_factory=list)
+
+    @property
+    def head(self) -> AuditEntry:
+        return self.buffered[-1] if self.buffered else self.attestation
 
 
 class EvidenceRecorder:
@@ -92,6 +100,30 @@ class EvidenceRecorder:
         session_id, genesis, attestation = await self._open_chain(agent, policy_version)
         return EvidenceSession(agent, session_id, genesis, attestation, self._monotonic())
 
+    def prepare(self, agent: AgentId, *, policy_version: str | None = None) -> EvidenceSession:
+        """A chain sealed in memory and not yet written (see :class:`EvidenceSession`)."""
+        session_id, genesis, attestation = self._first_links(agent, policy_version)
+        return EvidenceSession(agent, session_id, genesis, attestation, self._monotonic(), persisted=False)
+
+    def _first_links(
+        self, agent: AgentId, policy_version: str | None
+    ) -> tuple[EvidenceSessionId, AuditEntry, AuditEntry]:
+        worker, epoch = self._membership.credentials()
+        session_id = new_evidence_session_id()
+        genesis = make_genesis(
+            session_id=session_id,
+            agent=agent,
+            key_id=self._keyring.key_id,
+            at=self._now(),
+            policy_version=policy_version,
+            worker=worker,
+            epoch=epoch,
+        )
+        assert genesis.hash is not None
+        record = self._attest(genesis.hash)
+        attestation = attestation_entry(genesis, record, at=self._now(), worker=worker, epoch=epoch)
+        return session_id, genesis, attestation
+
     async def _open_chain(
         self, agent: AgentId, policy_version: str | None
     ) -> tuple[EvidenceSessionId, AuditEntry, AuditEntry]:
@@ -119,9 +151,86 @@ class EvidenceRecorder:
         async with evidence.lock:
             if evidence.closed:
                 return evidence.claim
-            evidence.claim = await self._close_chain(evidence, reason)
+            if evidence.persisted:
+                evidence.claim = await self._close_chain(evidence, reason)
+            else:
+                evidence.claim = await self._write_closed_chain(evidence, reason)
             evidence.closed = True
             return evidence.claim
+
+    async def _write_closed_chain(self, evidence: EvidenceSession, reason: CloseReason) -> dict[str, Any]:
+        """A deferred chain, from genesis to close and claim, in one transaction."""
+        worker, epoch = self._membership.credentials()
+        head = evidence.head
+        assert head.hash is not None
+        closing = _entry(
+            head.seq + 1,
+            head.hash,
+            evidence.session_id,
+            evidence.agent,
+            AuditEvent.SESSION_CLOSE,
+            self._now(),
+            worker=worker,
+            epoch=epoch,
+            detail={"close_reason": CloseReason(reason).value},
+        )
+        summary = ChainSummary.of(evidence.genesis, evidence.attestation, closing)
+        claim = issue_claim(
+            summary,
+            profile=self._profile,
+            policy=self._policy(),
+            keyring=self._keyring,
+            issued_at=self._now(),
+        )
+        await self._store.open_chain(
+            evidence.session_id,
+            evidence.genesis,
+            worker=worker,
+            epoch=epoch,
+            then=(evidence.attestation, *evidence.buffered, closing),
+            closed_with_claim=claim,
+        )
+        evidence.persisted = True
+        evidence.buffered = []
+        return claim
+
+    async def _append_deferred(
+        self, evidence: EvidenceSession, batch: list[tuple[AuditEvent, dict[str, Any]]], durable: bool
+    ) -> list[AuditEntry]:
+        worker, epoch = self._membership.credentials()
+        at = self._now()
+        entries: list[AuditEntry] = []
+        for event, fields in batch:
+            head = entries[-1] if entries else evidence.head
+            assert head.hash is not None
+            entries.append(
+                _entry(
+                    head.seq + 1,
+                    head.hash,
+                    evidence.session_id,
+                    evidence.agent,
+                    event,
+                    at,
+                    worker=worker,
+                    epoch=epoch,
+                    **fields,
+                )
+            )
+        if durable:
+            # Needed before something irreversible (a send): write the chain so far, now.
+            await self._store.open_chain(
+                evidence.session_id,
+                evidence.genesis,
+                worker=worker,
+                epoch=epoch,
+                then=(evidence.attestation, *evidence.buffered, *entries),
+            )
+            evidence.persisted = True
+            evidence.buffered = []
+        else:
+            evidence.buffered.extend(entries)
+        evidence.entries += len(entries)
+        return entries
 
     async def _close_chain(self, evidence: EvidenceSession, reason: CloseReason) -> dict[str, Any]:
         worker, epoch = self._membership.credentials()
@@ -198,12 +307,22 @@ class EvidenceRecorder:
             return entry
 
     async def append_many(
-        self, evidence: EvidenceSession, batch: list[tuple[AuditEvent, dict[str, Any]]]
+        self,
+        evidence: EvidenceSession,
+        batch: list[tuple[AuditEvent, dict[str, Any]]],
+        *,
+        durable: bool = True,
     ) -> list[AuditEntry]:
-        """Append several entries in order (rotating first if due); one store write when the store can."""
+        """Append several entries in order (rotating first if due); one store write when the store can.
+
+        On a deferred session, ``durable=False`` only seals the entries in memory: they are
+        written with the session's close (which the caller makes happen before its answer).
+        """
         async with evidence.lock:
             if evidence.closed:
                 raise RuntimeError("evidence session is closed")
+            if not evidence.persisted:
+                return await self._append_deferred(evidence, batch, durable)
             if (
                 evidence.entries >= self._max_entries
                 or self._monotonic() - evidence.opened_at >= self._max_age_s

@@ -26,7 +26,11 @@ class EvidenceScope:
         *,
         policy_version: str | None,
         unsafe_disabled: bool = False,
+        deferred: bool = False,
     ) -> None:
+        # Deferred: one sessionless request's chain, sealed in memory and written in one
+        # transaction at its close (or earlier, when an append must be durable).
+        self._deferred = deferred
         self._recorder = recorder
         # Benchmarks only (``bastion serve --unsafe-no-audit``): nothing is recorded.
         self._unsafe_disabled = unsafe_disabled
@@ -49,14 +53,25 @@ class EvidenceScope:
                 self._evidence = await self._recorder.open(self.agent, policy_version=self._policy_version)
         return await self._recorder.append(self._evidence, event, **fields)
 
-    async def record_many(self, batch: list[tuple[AuditEvent, dict[str, Any]]]) -> list[AuditEntry]:
-        """Append several entries in order, as one durable write."""
+    async def record_many(
+        self, batch: list[tuple[AuditEvent, dict[str, Any]]], *, durable: bool = True
+    ) -> list[AuditEntry]:
+        """Append several entries in order, as one durable write.
+
+        ``durable=False`` lets a deferred scope keep them in memory until its close, which
+        its owner makes happen before it answers; any other scope writes them now.
+        """
         if self._unsafe_disabled or not batch:
             return []
         async with self._opening:
             if self._evidence is None:
-                self._evidence = await self._recorder.open(self.agent, policy_version=self._policy_version)
-        return await self._recorder.append_many(self._evidence, batch)
+                if self._deferred:
+                    self._evidence = self._recorder.prepare(self.agent, policy_version=self._policy_version)
+                else:
+                    self._evidence = await self._recorder.open(
+                        self.agent, policy_version=self._policy_version
+                    )
+        return await self._recorder.append_many(self._evidence, batch, durable=durable)
 
     async def record_owed_many(self, batch: list[tuple[AuditEvent, dict[str, Any]]]) -> list[AuditEntry]:
         """Write entries owed since storage failed: into this chain if it is still open, else into

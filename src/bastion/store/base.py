@@ -500,8 +500,11 @@ class Store(Protocol):
         worker: WorkerId,
         epoch: Epoch,
         then: Sequence[AuditEntry] = (),
+        closed_with_claim: Mapping[str, Any] | None = None,
     ) -> ChainInfo:
-        """With ``then``, those sealed entries (seq 1, 2, ...) are written in the same transaction.
+        """With ``then``, those sealed entries (seq 1, 2, ...) are written in the same transaction;
+        with ``closed_with_claim`` (the last of ``then`` being the close entry) the chain is
+        written closed, with its claim: a whole short-lived chain in one transaction.
 
         Create the chain with its sealed genesis entry (``seq`` 0, ``prev`` 64 zeros) as root.
 

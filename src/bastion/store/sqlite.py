@@ -595,10 +595,12 @@ class SqliteStore:
         worker: WorkerId,
         epoch: Epoch,
         then: Sequence[AuditEntry] = (),
+        closed_with_claim: Mapping[str, Any] | None = None,
     ) -> ChainInfo:
         _check_link(genesis, session_id, 0, GENESIS_PREV)
         entry_json = _entry_json(genesis)
         following = [(entry, _entry_json(entry)) for entry in then]
+        claim_json = None if closed_with_claim is None else _dumps(closed_with_claim)
 
         def op(conn: sqlite3.Connection) -> ChainInfo:
             generation = _fence(conn, worker, epoch)
@@ -620,6 +622,11 @@ class SqliteStore:
                     "UPDATE chains SET head_seq = ?, head_hash = ? WHERE session_id = ?",
                     (head.seq, head.hash, session_id),
                 )
+            if claim_json is not None:
+                if head.event != "session_close":
+                    raise ValueError("a chain written closed ends with its close entry")
+                conn.execute("UPDATE chains SET closed = 1 WHERE session_id = ?", (session_id,))
+                conn.execute("INSERT INTO claims (session_id, claim) VALUES (?, ?)", (session_id, claim_json))
             return _select_chain(conn, session_id)  # type: ignore[return-value]
 
         return await self._write(op)

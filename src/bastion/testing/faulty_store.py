@@ -273,10 +273,18 @@ class FaultyStore:
         worker: WorkerId,
         epoch: Epoch,
         then: Sequence[AuditEntry] = (),
+        closed_with_claim: Mapping[str, Any] | None = None,
     ) -> ChainInfo:
         return await self._guard(
             "open_chain",
-            lambda: self.inner.open_chain(session_id, genesis, worker=worker, epoch=epoch, then=then),
+            lambda: self.inner.open_chain(
+                session_id,
+                genesis,
+                worker=worker,
+                epoch=epoch,
+                then=then,
+                closed_with_claim=closed_with_claim,
+            ),
         )
 
     async def append_entry(

@@ -32,6 +32,7 @@ from starlette.types import Receive, Scope, Send
 
 from bastion.audit.scope import EvidenceScope
 from bastion.auth.principal import Principal
+from bastion.call import RECEIPT_META_KEY
 from bastion.caller import Caller
 from bastion.errors import (
     BastionError,
@@ -41,6 +42,7 @@ from bastion.errors import (
     InvalidRequest,
     MethodNotAllowed,
     NotAcceptable,
+    NotDurable,
     OriginForbidden,
     ProtocolVersionMismatch,
     RequestRejected,
@@ -97,6 +99,7 @@ class FrontDoor:
         router: MethodRouter,
         close_session: SessionClosed,
         evidence_for: Callable[[AgentId], EvidenceScope],
+        request_evidence_for: Callable[[AgentId], EvidenceScope],
         end_request_evidence: Callable[[EvidenceScope], Awaitable[None]],
         audit_isolation: Callable[[AgentId, str], Awaitable[None]],
         serving: Callable[[], None],
@@ -110,6 +113,7 @@ class FrontDoor:
         self._router = router
         self._close_session = close_session
         self._evidence_for = evidence_for
+        self._request_evidence_for = request_evidence_for
         self._end_request_evidence = end_request_evidence
         self._audit_isolation = audit_isolation
         self._serving = serving
@@ -247,7 +251,7 @@ class FrontDoor:
             return
         capabilities = getattr(verdict, "client_capabilities", None)
         # One evidence session per sessionless request, closed (claim issued) when the request ends.
-        evidence = self._evidence_for(principal.agent)
+        evidence = self._request_evidence_for(principal.agent)
         caller = Caller(
             agent=principal.agent,
             principal=principal,
@@ -270,7 +274,8 @@ class FrontDoor:
                 before_finish=lambda: self._end_request_evidence(evidence),
             )
         finally:
-            with anyio.CancelScope(shield=True):
+            # A safety net for cancelled requests; the normal path closed it before answering.
+            with anyio.CancelScope(shield=True), contextlib.suppress(BastionError):
                 await self._end_request_evidence(evidence)
 
     async def _answer(
@@ -307,7 +312,21 @@ class FrontDoor:
                     reply, status = await self._dispatch(caller, request, sessionless)
                 if before_finish is not None:
                     with anyio.CancelScope(shield=True):
-                        await before_finish()
+                        try:
+                            await before_finish()
+                        except BastionError:
+                            # The evidence could not be made durable: no answer may claim success.
+                            # (An error answer already claims none, and says more: keep it.)
+                            if "result" in reply:
+                                meta = reply["result"].get("_meta") or {}
+                                reply = error_message(
+                                    request.id,
+                                    NotDurable(
+                                        "The audit could not be made durable",
+                                        receipt=meta.get(RECEIPT_META_KEY),
+                                    ),
+                                )
+                                status = 200
                 await channel.finish(reply, status)
             finally:
                 if transport_session is not None:
