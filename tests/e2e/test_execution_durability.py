@@ -273,7 +273,7 @@ async def test_refusals_while_degraded_reach_the_audit_once_storage_returns(
 async def test_a_sessionless_result_is_withheld_when_its_evidence_cannot_be_written(
     tmp_path: Path, tools_upstream: Upstream
 ) -> None:
-    """A sessionless request's chain is written whole before the answer; if that fails, no success is shown."""
+    """A sessionless chain is written whole before the answer; if that fails, no success is shown."""
     made: list[FaultyStore] = []
 
     def wrap(inner: Store) -> Store:
