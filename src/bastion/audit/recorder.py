@@ -127,22 +127,10 @@ class EvidenceRecorder:
     async def _open_chain(
         self, agent: AgentId, policy_version: str | None
     ) -> tuple[EvidenceSessionId, AuditEntry, AuditEntry]:
-        worker, epoch = self._membership.credentials()
-        session_id = new_evidence_session_id()
-        genesis = make_genesis(
-            session_id=session_id,
-            agent=agent,
-            key_id=self._keyring.key_id,
-            at=self._now(),
-            policy_version=policy_version,
-            worker=worker,
-            epoch=epoch,
-        )
-        assert genesis.hash is not None
         # The attestation is made from the genesis hash before anything is written, so the
         # chain opens with both its first links in one transaction.
-        record = self._attest(genesis.hash)
-        attestation = attestation_entry(genesis, record, at=self._now(), worker=worker, epoch=epoch)
+        session_id, genesis, attestation = self._first_links(agent, policy_version)
+        worker, epoch = self._membership.credentials()
         await self._store.open_chain(session_id, genesis, worker=worker, epoch=epoch, then=(attestation,))
         return session_id, genesis, attestation
 
