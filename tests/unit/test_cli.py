@@ -56,3 +56,16 @@ def test_public_key_without_a_data_dir_is_a_clear_error(tmp_path: Path) -> None:
     result = run("public-key", "--data-dir", str(tmp_path / "nothing"))
     assert result.returncode == 2
     assert "no signing key" in result.stderr
+
+
+def test_rotate_key_keeps_the_old_public_key(tmp_path: Path) -> None:
+    """Rotation makes a new key active and keeps the old public key for verifying old claims."""
+    from bastion.crypto.keys import Keyring
+
+    old = Keyring.open(tmp_path).key_id
+    result = run("rotate-key", "--data-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    reopened = Keyring.open(tmp_path)
+    assert reopened.key_id != old
+    assert old in result.stdout and reopened.key_id in result.stdout
+    assert reopened.verifying_key(old).key_id == old

@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     public_key.add_argument("--data-dir", type=Path, default=Path(".bastion"))
     public_key.add_argument("--jwk", action="store_true")
 
+    rotate = sub.add_parser(
+        "rotate-key", help="make a new signing key active; old public keys stay for verification"
+    )
+    rotate.add_argument("--data-dir", type=Path, default=Path(".bastion"))
+
     token = sub.add_parser(
         "hash-token", help="print the SHA-256 of a token read from stdin, for agents.*.token_sha256"
     )
@@ -119,6 +124,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         active = Keyring.open(args.data_dir).active
         print(json.dumps(active.to_jwk()) if args.jwk else active.to_pem().decode().rstrip())
+        return 0
+    if args.command == "rotate-key":
+        from bastion.crypto.keys import Keyring
+
+        if not (args.data_dir / "keys").exists():
+            print(f"bastion: no signing key under {args.data_dir}", file=sys.stderr)
+            return 2
+        keyring = Keyring.open(args.data_dir)
+        old = keyring.key_id
+        new = keyring.rotate()
+        print(f"active key: {new} (was {old}; restart the gateway to sign with it)")
         return 0
     if args.command == "hash-token":
         from bastion.auth.bearer import hash_token
