@@ -47,6 +47,7 @@ from bastion.errors import (
 from bastion.ids import CallId, new_call_id
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.snapshot import Snapshot
+from bastion.settle import send_and_settle
 from bastion.store.base import Store
 from bastion.store.health import StoreHealth
 from bastion.upstream.base import CallContext, UpstreamReplied
@@ -272,37 +273,34 @@ class ToolCallPath:
                         scope, attempt, AuditEvent.REFUSED, decision=Decision.DENY.value, reason="not_durable"
                     )
                 raise failures[0]
+
         # Without an execution id there is no state to move: the admitted entry is written with
         # the outcome, durably, before the answer (DESIGN section 2 step 8).
-        ctx = CallContext(
-            relay=caller.relay,
-            client_capabilities=caller.client_capabilities,
-            progress_token=_progress_token(params),
-            upstream_sessions=caller.transport_session.upstream_sessions
-            if caller.transport_session
-            else None,
-            timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
-            log_level=caller.log_level,
-            client_answers_requests=caller.transport_session is not None,
-        )
-        try:
-            result = await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
-        except UpstreamReplied as exc:
-            await self._finish(caller, attempt, scope, ExecutionState.FAILED, reason="upstream_error")
-            raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
-        except UpstreamError as exc:
-            state = ExecutionState.OUTCOME_UNKNOWN if exc.may_have_acted else ExecutionState.FAILED
-            await self._finish(caller, attempt, scope, state, reason=exc.reason.value)
-            raise
-        except anyio.get_cancelled_exc_class():
-            # Cancelled after send (client cancel, closed stream, revocation): the upstream may have acted.
-            with anyio.CancelScope(shield=True):
-                await self._finish(caller, attempt, scope, ExecutionState.OUTCOME_UNKNOWN, reason="cancelled")
-            raise
+        async def send() -> dict[str, Any]:
+            ctx = CallContext(
+                relay=caller.relay,
+                client_capabilities=caller.client_capabilities,
+                progress_token=_progress_token(params),
+                upstream_sessions=caller.transport_session.upstream_sessions
+                if caller.transport_session
+                else None,
+                timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
+                log_level=caller.log_level,
+                client_answers_requests=caller.transport_session is not None,
+            )
+            return await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
 
-        # (8) Outcome: durable terminal state, then its audit entry, then the answer.
-        state = ExecutionState.FAILED if result.get("isError") is True else ExecutionState.COMPLETED
-        await self._finish(caller, attempt, scope, state, reason=None, result_digest=digest_json(result))
+        async def finish(
+            state: ExecutionState, *, reason: str | None, result_digest: str | None = None
+        ) -> None:
+            await self._finish(caller, attempt, scope, state, reason=reason, result_digest=result_digest)
+
+        # (8) Outcome: from here every way out (result, error, cancellation, garbage) records a
+        #     durable terminal state, then its audit entry, then answers (settle.py).
+        try:
+            result = await send_and_settle(send, finish)
+        except UpstreamReplied as exc:
+            raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
         meta = dict(result.get("_meta") or {})
         meta[RECEIPT_META_KEY] = self._receipt(scope, attempt)
         return {**result, "_meta": meta}
