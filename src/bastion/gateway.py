@@ -41,6 +41,7 @@ from bastion.auth.authenticator import Authenticator
 from bastion.auth.bearer import StaticBearerAuth
 from bastion.auth.oauth import OAuthVerifier, resource_metadata_url, www_authenticate
 from bastion.auth.principal import Principal
+from bastion.auth.roles import check_store_roles
 from bastion.call import ToolCallPath
 from bastion.crypto.keys import Keyring
 from bastion.errors import ConfigError, StoreError, WorkerSuperseded
@@ -208,6 +209,8 @@ class Gateway:
         if options.store_factory is not None:
             store = options.store_factory(store)
         self.store = store
+        # One credential, one role: a configured token that is also a store credential is refused.
+        await check_store_roles(self.policy.current, store)
         self.keyring = Keyring.open(options.data_dir)
         if not options.tsm_root.is_dir():
             self._tsm_reason = f"configfs-tsm is not available at {options.tsm_root}"
@@ -558,8 +561,18 @@ class Gateway:
         if current.source is None:
             raise ConfigError("this gateway runs a built-in configuration; there is no file to reload")
 
+        refused: ConfigError | None = None
+        try:
+            loaded = load_snapshot(current.source)
+            if self.store is not None:
+                await check_store_roles(loaded, self.store)
+        except ConfigError as exc:
+            refused = exc
+
         def loader() -> Snapshot:
-            candidate = load_snapshot(current.source)  # type: ignore[arg-type]
+            if refused is not None:
+                raise refused
+            candidate = loaded
             if dict(candidate.servers) != dict(current.servers):
                 raise ConfigError(f"{current.source}: servers changed; restart the gateway to apply them")
             if candidate.auth != current.auth:
