@@ -36,6 +36,7 @@ from bastion.errors import (
     ExecutionCollision,
     ExecutionInFlight,
     ExecutionReplay,
+    GrantDenied,
     InvalidParams,
     NotDurable,
     StaleEpoch,
@@ -46,6 +47,7 @@ from bastion.errors import (
 )
 from bastion.ids import CallId, new_call_id
 from bastion.policy.decide import RateLimiter, decide, visible_tools
+from bastion.policy.grants import Rate
 from bastion.policy.snapshot import Snapshot
 from bastion.settle import send_and_settle
 from bastion.store.base import Store
@@ -85,6 +87,8 @@ class _Attempt:
     args_digest: str | None = None
     last: AuditEntry | None = None
     pending: list[tuple[AuditEvent, dict[str, Any]]] = field(default_factory=list)
+    charged: tuple[tuple[str, Rate], ...] = ()  # rate-limit tokens taken, until the call is sent
+    sent: bool = False
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -137,7 +141,7 @@ class ToolCallPath:
         attempt = _Attempt(call_id=new_call_id(), policy_version=snapshot.version)
         scope = caller.evidence
         try:
-            return await self._run(caller, params, snapshot, attempt, scope)
+            return await self._run_charged(caller, params, snapshot, attempt, scope)
         except StaleEpoch:
             # A newer epoch holds this worker's generation: it stops serving from now on.
             self._membership.superseded = True
@@ -151,6 +155,28 @@ class ToolCallPath:
         except (UpstreamError, StoreError) as exc:
             exc.data.pop("audited", None)
             exc.data["receipt"] = self._receipt(scope, attempt)
+            raise
+
+    async def _run_charged(
+        self,
+        caller: Caller,
+        params: dict[str, Any],
+        snapshot: Snapshot,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+    ) -> dict[str, Any]:
+        try:
+            return await self._run(caller, params, snapshot, attempt, scope)
+        except BaseException:
+            # A call refused before the send spends no rate-limit token (issue #12).
+            if attempt.charged and not attempt.sent and attempt.entry is not None:
+                self._limiter.refund(
+                    attempt.charged,
+                    str(caller.principal.agent),
+                    attempt.entry.server,
+                    attempt.entry.upstream_name,
+                    self._monotonic(),
+                )
             raise
 
     async def _run(
@@ -178,17 +204,24 @@ class ToolCallPath:
         if entry is None:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
         attempt.entry = entry
-        decision = decide(
-            snapshot,
-            caller.principal,
-            entry.server,
-            entry.namespace,
-            entry.upstream_name,
-            arguments,
-            now=self._monotonic(),
-            limiter=self._limiter,
-            has_execution_id=attempt.envelope.execution_id is not None,
-        )
+        try:
+            decision = decide(
+                snapshot,
+                caller.principal,
+                entry.server,
+                entry.namespace,
+                entry.upstream_name,
+                arguments,
+                now=self._monotonic(),
+                limiter=self._limiter,
+                has_execution_id=attempt.envelope.execution_id is not None,
+            )
+        except GrantDenied as exc:
+            # A tool hidden by grants is answered as unknown: the caller learns nothing of what it
+            # may not see; the audit keeps the truth (grant_denied, server, tool). Issue #12.
+            await self._audit_refusal(scope, attempt, exc)
+            raise UnknownTool(f"Unknown tool: {name}", tool=name, audited=True) from None
+        attempt.charged = decision.charged
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)
@@ -297,6 +330,7 @@ class ToolCallPath:
 
         # (8) Outcome: from here every way out (result, error, cancellation, garbage) records a
         #     durable terminal state, then its audit entry, then answers (settle.py).
+        attempt.sent = True
         try:
             result = await send_and_settle(send, finish)
         except UpstreamReplied as exc:
