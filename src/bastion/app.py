@@ -124,6 +124,7 @@ def create_app(
                     audit_isolation=gateway.audit_isolation,
                     serving=gateway.serving,
                     track_sessionless=gateway.sessionless_call,
+                    cut_cause=gateway.cut_cause,
                 )
                 state["admin"] = _admin_router(gateway)
                 yield

@@ -44,7 +44,7 @@ from bastion.auth.principal import Principal
 from bastion.auth.roles import check_store_roles
 from bastion.call import ToolCallPath
 from bastion.crypto.keys import Keyring
-from bastion.errors import ConfigError, StoreError, WorkerSuperseded
+from bastion.errors import AgentSessionRevoked, BastionError, ConfigError, StoreError, WorkerSuperseded
 from bastion.ids import AgentId, WorkerId
 from bastion.methods import MethodRouter
 from bastion.policy.decide import RateLimiter, visible_tools
@@ -129,6 +129,8 @@ class Gateway:
         # Sessionless requests in flight, by agent session, so a revocation can cancel them too.
         self._sessionless_in_flight: dict[str, set[anyio.CancelScope]] = {}
         self._applied_revocations: set[str] = set()
+        # Agent sessions whose live calls this gateway cut: those calls are answered with a typed error.
+        self._cut_agent_sessions: set[str] = set()
         self.registry = SessionRegistry(
             idle_timeout_s=snapshot.gateway.transport_session_idle_s,
             max_sessions=snapshot.gateway.max_transport_sessions,
@@ -486,6 +488,12 @@ class Gateway:
                 if not scopes:
                     del self._sessionless_in_flight[key]
 
+    def cut_cause(self, principal: Principal) -> BastionError | None:
+        """Why the gateway cancelled this principal's calls (its agent session was revoked), or ``None``."""
+        if principal.agent_session_id in self._cut_agent_sessions:
+            return AgentSessionRevoked("Agent session revoked: this call was cut")
+        return None
+
     async def end_agent_session(self, record: AgentSessionRecord) -> dict[str, Any]:
         """Apply a revocation here, at once: one audited operation that ends everything of that agent session.
 
@@ -495,6 +503,7 @@ class Gateway:
         upstream sessions and its evidence sessions (claims issued), and writes
         one ``revocation`` audit entry listing what it ended. Idempotent.
         """
+        self._cut_agent_sessions.add(record.agent_session_id)
         ended = [t for t in self.registry if t.principal.agent_session_id == record.agent_session_id]
         in_flight = sum(len(t.in_flight) for t in ended)
         evidence_closed: list[str] = []

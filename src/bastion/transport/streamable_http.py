@@ -104,7 +104,9 @@ class FrontDoor:
         audit_isolation: Callable[[AgentId, str], Awaitable[None]],
         serving: Callable[[], None],
         track_sessionless: Callable[[Principal, anyio.CancelScope], contextlib.AbstractContextManager[None]],
+        cut_cause: Callable[[Principal], BastionError | None] = lambda principal: None,
     ) -> None:
+        self._cut_cause = cut_cause
         self._track_sessionless = track_sessionless
         self._snapshot = snapshot
         self._authenticate = authenticate
@@ -334,7 +336,12 @@ class FrontDoor:
                 if in_flight is not None:
                     in_flight.done.set()
         if call_scope.cancelled_caught:
-            await channel.end_empty()
+            cut = self._cut_cause(caller.principal)
+            if cut is None:
+                await channel.end_empty()
+            else:
+                # Cut by the gateway (revocation), not by the client: a typed answer, not silence.
+                await channel.finish(error_message(request.id, cut))
 
     async def _dispatch(
         self, caller: Caller, request: Request, sessionless: bool
