@@ -134,6 +134,7 @@ class Gateway:
         self.registry = SessionRegistry(
             idle_timeout_s=snapshot.gateway.transport_session_idle_s,
             max_sessions=snapshot.gateway.max_transport_sessions,
+            max_sessions_per_agent=snapshot.gateway.max_transport_sessions_per_agent,
             clock=clock,
         )
         self._runtime_hook: Callable[[str, Any], None] | None = None

@@ -58,6 +58,8 @@ class GatewaySettings:
     transport_session_idle_s: float = 1800.0
     upstream_timeout_s: float = 60.0
     max_transport_sessions: int = 100_000
+    # Each agent's share, so that one agent cannot lock every other agent out (issue #12).
+    max_transport_sessions_per_agent: int = 10_000
 
     def __post_init__(self) -> None:
         if not self.tool_separator or not TOOL_NAME_RULE.match(self.tool_separator):
@@ -68,6 +70,8 @@ class GatewaySettings:
             raise ConfigError("gateway timeouts must be positive")
         if self.max_transport_sessions < 1:
             raise ConfigError("gateway.max_transport_sessions must be at least 1")
+        if self.max_transport_sessions_per_agent < 1:
+            raise ConfigError("gateway.max_transport_sessions_per_agent must be at least 1")
 
 
 @dataclass(frozen=True)
