@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bastion.store.migrations import (
+    postgres_0001_initial,
     sqlite_0001_initial,
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
     sqlite_0004_worker_registry,
 )
 
-__all__ = ["SQLITE_MIGRATIONS", "Migration"]
+__all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS", "Migration"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,5 +36,8 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "worker_registry", sqlite_0004_worker_registry.STATEMENTS),
 )
 
-# The list is dense and ordered: migration n sits at index n - 1.
+POSTGRES_MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial", postgres_0001_initial.STATEMENTS),)
+
+# Each list is dense and ordered: migration n sits at index n - 1.
 assert all(m.version == i + 1 for i, m in enumerate(SQLITE_MIGRATIONS))
+assert all(m.version == i + 1 for i, m in enumerate(POSTGRES_MIGRATIONS))
