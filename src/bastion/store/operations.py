@@ -33,7 +33,7 @@ from bastion.store.base import (
     ReserveOutcome,
     WorkerRecord,
 )
-from bastion.store.ops import agent_sessions, chains, executions, workers
+from bastion.store.ops import agent_sessions, chains, executions, token_buckets, workers
 from bastion.store.rows import (
     SELECT_CHAIN,
     SELECT_GENERATION,
@@ -45,6 +45,7 @@ from bastion.store.rows import (
     to_us,
 )
 from bastion.store.statements import Op, OpFactory, one, rows
+from bastion.store.token_buckets import BucketTake, TokensRefused
 
 __all__ = ["StoreOperations"]
 
@@ -368,3 +369,17 @@ class StoreOperations:
         return await self._write(
             lambda: agent_sessions.renew_credential(old_credential_id, new_digest, now, now_us)
         )
+
+    # ------------------------------------------------------------ rate-limit token buckets
+
+    async def take_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> TokensRefused | None:
+        wanted, now_us = tuple(buckets), to_us(now)
+        if not wanted:
+            return None
+        if len({b.key for b in wanted}) != len(wanted):
+            raise ValueError("each bucket may be named once per take")
+        return await self._write(lambda: token_buckets.take_tokens(wanted, now_us))
+
+    async def prune_token_buckets(self, *, now: datetime) -> int:
+        now_us = to_us(now)
+        return await self._write(lambda: token_buckets.prune_token_buckets(now_us))
