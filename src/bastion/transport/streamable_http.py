@@ -376,9 +376,9 @@ class FrontDoor:
         try:
             return self._registry.get(session_id, principal)
         except SessionNotFound as exc:
-            if exc.cause == "foreign":
-                # Another principal's session id: refused as unknown, and the attempt is audited.
-                await self._audit_isolation(principal.agent, "foreign_session_id")
+            # Unknown, expired, terminated or another principal's: one answer after the same work
+            # (one audit entry naming the cause), so neither body nor timing tells them apart (#12).
+            await self._audit_isolation(principal.agent, f"{exc.cause or 'unknown'}_session_id")
             raise
 
     async def _initialize(self, send: Send, request: Request, principal: Principal) -> None:
