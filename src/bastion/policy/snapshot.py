@@ -66,8 +66,9 @@ class GatewaySettings:
             raise ConfigError("gateway.tool_separator must match ^[a-zA-Z0-9_-]{1,64}$")
         if self.max_body_bytes < 1024:
             raise ConfigError("gateway.max_body_bytes must be at least 1024")
-        if self.transport_session_idle_s <= 0 or self.upstream_timeout_s <= 0:
-            raise ConfigError("gateway timeouts must be positive")
+        for key in ("transport_session_idle_s", "upstream_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"gateway.{key} must be positive")
         if self.max_transport_sessions < 1:
             raise ConfigError("gateway.max_transport_sessions must be at least 1")
         if self.max_transport_sessions_per_agent < 1:
@@ -143,9 +144,11 @@ class AuthSettings:
         object.__setattr__(self, "mtls_trusted_proxies", tuple(self.mtls_trusted_proxies))
         if self.mtls_fingerprint_header is not None and not self.mtls_trusted_proxies:
             raise ConfigError("auth.mtls_trusted_proxies must name the proxies allowed to send the header")
-        for digest in (self.admin_token_sha256, *self.auditor_token_sha256):
+        named = [("auth.admin_token_sha256", self.admin_token_sha256)]
+        named += [(f"auth.auditor_token_sha256[{i}]", d) for i, d in enumerate(self.auditor_token_sha256)]
+        for key, digest in named:
             if digest is not None and not _SHA256_HEX.match(digest):
-                raise ConfigError("auth: token digests must be 64 lowercase hex characters")
+                raise ConfigError(f"{key} must be 64 lowercase hex characters")
         if self.oauth is not None and not self.resource_url:
             raise ConfigError("auth.resource_url is required when auth.oauth is configured")
 
@@ -188,10 +191,7 @@ class Snapshot:
                     f"is already used by servers.{seen[spec.namespace]}"
                 )
             seen[spec.namespace] = spec.name
-        hashes = [a.token_sha256 for a in self.agents]
-        if len(set(hashes)) != len(hashes):
-            raise ConfigError("agents: two agents share one token")
-        self.credential_roles()
+        self.credential_roles()  # two agents sharing one token included
         self._check_grants()
 
     def credential_roles(self) -> dict[str, str]:

@@ -45,6 +45,7 @@ from bastion.upstream.base import (
     UpstreamHealth,
     UpstreamReplied,
 )
+from bastion.upstream.failure import describe_failure
 from bastion.upstream.relay import RequestRelay
 from bastion.upstream.sse import iter_sse_messages
 from bastion.upstream.taskgroups import single_exception
@@ -450,7 +451,7 @@ class HttpUpstream:
         try:
             response = await self._client.send(request, stream=True)
         except _SEND_FAILURES as exc:
-            raise UpstreamUnavailable(f"upstream {self.name}: {type(exc).__name__}") from exc
+            raise UpstreamUnavailable(f"upstream {self.name}: {describe_failure(exc)}") from exc
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"upstream {self.name}: {type(exc).__name__}") from exc
         except httpx.HTTPError as exc:
