@@ -41,8 +41,14 @@ def _parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", help="verify an exported audit bundle (and its claim) offline")
     verify.add_argument("bundle", type=Path, help="JSON Lines bundle from /audit/export")
-    verify.add_argument(
+    evidence = verify.add_mutually_exclusive_group()
+    evidence.add_argument(
         "--claim", type=Path, help="the session's TRACE claim (from /sessions/{id}/trace-claim)"
+    )
+    evidence.add_argument(
+        "--integrity-only",
+        action="store_true",
+        help="without a claim: check the chain's integrity only (nothing is authenticated)",
     )
     verify.add_argument("--key", type=Path, required=True, help="the gateway's public key (PEM or JWK)")
     verify.add_argument(
@@ -53,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
     join = audit_sub.add_parser("join", help="records across bundles that share one execution_id, in order")
     join.add_argument("--execution-id", required=True)
+    join.add_argument("--agent", help="only this agent's records (an execution_id is scoped per agent)")
     join.add_argument("bundles", type=Path, nargs="+")
 
     public_key = sub.add_parser("public-key", help="print the gateway's active public key (PEM, or --jwk)")
@@ -109,11 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "verify":
         from bastion.cli.verify_cmd import run_verify
 
-        return run_verify(args.bundle, args.claim, args.key, jobs=args.jobs)
+        return run_verify(
+            args.bundle, args.claim, args.key, jobs=args.jobs, integrity_only=args.integrity_only
+        )
     if args.command == "audit":
         from bastion.cli.verify_cmd import run_join
 
-        return run_join(args.execution_id, args.bundles)
+        return run_join(args.execution_id, args.bundles, agent=args.agent)
     if args.command == "public-key":
         import json
 
