@@ -151,6 +151,8 @@ class ToolCallPath:
             exc.data.pop("audited", None)
             exc.data["receipt"] = self._receipt(scope, attempt)
             raise
+        finally:
+            scope.end_call(attempt.call_id)  # its chain slots are free (audit/recorder.py)
 
     async def _run(
         self,
@@ -381,7 +383,8 @@ class ToolCallPath:
 
     async def _record_pending(self, scope: EvidenceScope, attempt: _Attempt) -> None:
         """Write the queued entries now, durably: something irreversible follows (raises ``NotDurable``)."""
-        await self._write_batch(scope, attempt, [], durable=True)
+        # One more entry of this call follows (its outcome or refusal): it stays in this chain.
+        await self._write_batch(scope, attempt, [], durable=True, then=1)
 
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         """Write the queued entries and this one in one go (raises ``NotDurable``).
@@ -398,11 +401,12 @@ class ToolCallPath:
         extra: list[tuple[AuditEvent, dict[str, Any]]],
         *,
         durable: bool,
+        then: int = 0,
     ) -> None:
         batch = [*attempt.pending, *extra]
         attempt.pending = []
         try:
-            entries = await scope.record_many(batch, durable=durable)
+            entries = await scope.record_many(batch, durable=durable, then=then)
         except StoreError as exc:
             self._health.failed(exc, owed=lambda: scope.record_owed_many(batch))
             raise NotDurable("The audit entry could not be made durable") from exc

@@ -54,12 +54,14 @@ class EvidenceScope:
         return await self._recorder.append(self._evidence, event, **fields)
 
     async def record_many(
-        self, batch: list[tuple[AuditEvent, dict[str, Any]]], *, durable: bool = True
+        self, batch: list[tuple[AuditEvent, dict[str, Any]]], *, durable: bool = True, then: int = 0
     ) -> list[AuditEntry]:
         """Append several entries in order, as one durable write.
 
         ``durable=False`` lets a deferred scope keep them in memory until its close, which
-        its owner makes happen before it answers; any other scope writes them now.
+        its owner makes happen before it answers; any other scope writes them now. ``then``:
+        how many more entries the batch's call may write; they stay in this chain
+        (``recorder.py``) until written or :meth:`end_call`.
         """
         if self._unsafe_disabled or not batch:
             return []
@@ -71,7 +73,12 @@ class EvidenceScope:
                     self._evidence = await self._recorder.open(
                         self.agent, policy_version=self._policy_version
                     )
-        return await self._recorder.append_many(self._evidence, batch, durable=durable)
+        return await self._recorder.append_many(self._evidence, batch, durable=durable, then=then)
+
+    def end_call(self, call_id: str) -> None:
+        """The call has written everything it will: the chain slots it held are free."""
+        if self._evidence is not None:
+            self._recorder.end_call(self._evidence, call_id)
 
     async def record_owed_many(self, batch: list[tuple[AuditEvent, dict[str, Any]]]) -> list[AuditEntry]:
         """Write entries owed since storage failed: into this chain if it is still open, else into

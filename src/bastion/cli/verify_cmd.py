@@ -142,9 +142,10 @@ def run_join(
         if agent is None or record.entry.agent == agent:
             groups.setdefault(record.entry.agent, []).append(record)
     count = sum(len(group) for group in groups.values())
+    sessions_all = {record.entry.session_id for group in groups.values() for record in group}
     print(
-        f"{count} record(s) carry the asserted execution_id {execution_id!r} "
-        f"under {len(groups)} agent(s); {len(bundles)} bundle(s) verified",
+        f"{count} record(s) carry the asserted execution_id {execution_id!r} in {len(sessions_all)} "
+        f"evidence session(s), under {len(groups)} agent(s); {len(bundles)} bundle(s) verified",
         file=out,
     )
     for owner, group in groups.items():

@@ -92,7 +92,7 @@ def test_join_never_merges_two_agents_sharing_an_execution_id(capsys: pytest.Cap
     assert main(["audit", "join", "--execution-id", "exec-7f3a", *bundles]) == EXIT_OK
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith(
-        "4 record(s) carry the asserted execution_id 'exec-7f3a' under 2 agent(s)"
+        "4 record(s) carry the asserted execution_id 'exec-7f3a' in 2 evidence session(s), under 2 agent(s)"
     )
     assert "agent 'agent-alice', execution_id 'exec-7f3a': 3 record(s)" in out
     assert "agent 'agent-bob', execution_id 'exec-7f3a': 1 record(s)" in out
