@@ -27,6 +27,7 @@ import anyio
 from bastion.admission.binding import compute_binding
 from bastion.admission.envelope import CmcpEnvelope, read_envelope
 from bastion.admission.states import ExecutionState
+from bastion.audit.earlier import name_earlier_attempt
 from bastion.audit.entry import AuditEntry, AuditEvent, Decision, digest_json
 from bastion.audit.scope import EvidenceScope
 from bastion.caller import Caller
@@ -228,8 +229,15 @@ class ToolCallPath:
                 await self._audit_refusal(scope, attempt, exc, event=AuditEvent.COLLISION)
                 raise
             except ExecutionReplay as exc:
+                await name_earlier_attempt(self._store, caller.agent, execution_id, exc.data)
+                earlier = {k: v for k, v in exc.data.items() if k.startswith("earlier_")}
                 await self._audit_refusal(
-                    scope, attempt, exc, event=AuditEvent.REPLAY, outcome=exc.data.get("earlier_outcome")
+                    scope,
+                    attempt,
+                    exc,
+                    event=AuditEvent.REPLAY,
+                    outcome=exc.data.get("earlier_outcome"),
+                    detail=earlier,
                 )
                 raise
             except ExecutionInFlight as exc:
@@ -421,11 +429,18 @@ class ToolCallPath:
         *,
         event: AuditEvent = AuditEvent.REFUSED,
         outcome: str | None = None,
+        detail: dict[str, Any] | None = None,
     ) -> None:
         exc.data["audited"] = True
         with contextlib.suppress(NotDurable):  # owed to the audit; the refusal itself stands
             await self._record(
-                scope, attempt, event, decision=Decision.DENY.value, reason=exc.reason.value, outcome=outcome
+                scope,
+                attempt,
+                event,
+                decision=Decision.DENY.value,
+                reason=exc.reason.value,
+                outcome=outcome,
+                detail=detail,
             )
 
     def _receipt(self, scope: EvidenceScope, attempt: _Attempt) -> dict[str, Any]:

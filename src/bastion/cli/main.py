@@ -61,6 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     join.add_argument("--execution-id", required=True)
     join.add_argument("--agent", help="only this agent's records (an execution_id is scoped per agent)")
     join.add_argument("bundles", type=Path, nargs="+")
+    find = audit_sub.add_parser(
+        "find",
+        help="every entry of one (agent, execution_id) in a gateway's store, in every evidence session",
+    )
+    find.add_argument("--execution-id", required=True)
+    find.add_argument("--agent", help="only this agent's entries (an execution_id is scoped per agent)")
+    find.add_argument("--data-dir", type=Path, default=Path(".bastion"))
+    find.add_argument("--export", type=Path, help="also write each evidence session's bundle and claim here")
 
     public_key = sub.add_parser("public-key", help="print the gateway's active public key (PEM, or --jwk)")
     public_key.add_argument("--data-dir", type=Path, default=Path(".bastion"))
@@ -119,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_verify(
             args.bundle, args.claim, args.key, jobs=args.jobs, integrity_only=args.integrity_only
         )
+    if args.command == "audit" and args.audit_command == "find":
+        from bastion.cli.audit_find_cmd import run_find
+
+        return run_find(args.data_dir, args.execution_id, agent=args.agent, export_dir=args.export)
     if args.command == "audit":
         from bastion.cli.verify_cmd import run_join
 

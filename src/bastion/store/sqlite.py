@@ -510,7 +510,9 @@ class SqliteStore:
             if row.binding != binding:
                 raise ExecutionCollision(execution_id=execution_id)
             if row.state.is_terminal:
-                raise ExecutionReplay(execution_id=execution_id, earlier_outcome=row.state.value)
+                raise ExecutionReplay(
+                    execution_id=execution_id, earlier_outcome=row.state.value, earlier_call_id=row.call_id
+                )
             if row.state is not ExecutionState.RELEASED:
                 raise ExecutionInFlight(execution_id=execution_id, state=row.state.value)
             check_transition(row.state, ExecutionState.RESERVED)
@@ -668,6 +670,21 @@ class SqliteStore:
 
     async def get_chain(self, session_id: EvidenceSessionId) -> ChainInfo | None:
         return await self._read(lambda conn: _select_chain(conn, session_id))
+
+    async def find_entries(
+        self, execution_id: ExecutionId, *, agent: AgentId | None = None, limit: int = 10_000
+    ) -> list[AuditEntry]:
+        def op(conn: sqlite3.Connection) -> list[AuditEntry]:
+            # The expressions match the index of migration 5 (entries_by_execution).
+            rows = conn.execute(
+                "SELECT entry FROM entries WHERE json_extract(entry, '$.execution_id') = ?"
+                " AND (? IS NULL OR json_extract(entry, '$.agent') = ?)"
+                " ORDER BY json_extract(entry, '$.ts'), session_id, seq LIMIT ?",
+                (execution_id, agent, agent, limit),
+            ).fetchall()
+            return [AuditEntry.from_json(json.loads(row[0])) for row in rows]
+
+        return await self._read(op)
 
     async def list_open_chains(self, *, generation: str | None = None) -> list[ChainInfo]:
         def op(conn: sqlite3.Connection) -> list[ChainInfo]:
