@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,13 +205,7 @@ class ToolCallPath:
             self._health.check_admissions()
         except NotDurable as exc:
             # Refused while storage cannot write: the refusal is owed to the audit (bounded queue).
-            owed = [
-                (
-                    AuditEvent.REFUSED,
-                    {**attempt.fields(), "decision": Decision.DENY.value, "reason": exc.reason.value},
-                )
-            ]
-            self._health.failed(exc, owed=lambda: scope.record_owed_many(owed))
+            self._health.failed(exc, owed=scope.owe([self._refusal(attempt, exc)]))
             raise
         execution_id = attempt.envelope.execution_id
         worker, epoch = self._membership.credentials()
@@ -244,7 +238,8 @@ class ToolCallPath:
                 await self._audit_refusal(scope, attempt, exc)
                 raise
             except StoreError as exc:
-                self._health.failed(exc)
+                # The refusal that trips degraded mode is owed to the audit like the ones after it.
+                self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
                 raise
         # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
         upstream = self._fleet.upstreams[entry.server]
@@ -346,7 +341,7 @@ class ToolCallPath:
                     ),
                 ]
                 attempt.pending = []
-                self._health.failed(exc, owed=lambda: scope.record_owed_many(owed))
+                self._health.failed(exc, owed=scope.owe(owed))
                 raise NotDurable(
                     "The outcome could not be made durable; this execution_id stays refused",
                     observed_outcome=state.value,
@@ -365,7 +360,7 @@ class ToolCallPath:
                 caller.agent, attempt.envelope.execution_id, worker=worker, epoch=epoch
             )
         except StoreError as exc:
-            self._health.failed(exc)
+            self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
             raise
         await self._record(scope, attempt, AuditEvent.RELEASED, outcome=ExecutionState.RELEASED.value)
 
@@ -416,7 +411,7 @@ class ToolCallPath:
         try:
             entries = await scope.record_many(batch, durable=durable, then=then)
         except StoreError as exc:
-            self._health.failed(exc, owed=lambda: scope.record_owed_many(batch))
+            self._health.failed(exc, owed=scope.owe(batch))
             raise NotDurable("The audit entry could not be made durable") from exc
         if entries:
             attempt.last = entries[-1]
@@ -442,6 +437,23 @@ class ToolCallPath:
                 outcome=outcome,
                 detail=detail,
             )
+
+    @staticmethod
+    def _refusal(attempt: _Attempt, exc: BastionError) -> tuple[AuditEvent, dict[str, Any]]:
+        """The refused entry of ``attempt``, for a refusal owed to the audit."""
+        return (
+            AuditEvent.REFUSED,
+            {**attempt.fields(), "decision": Decision.DENY.value, "reason": exc.reason.value},
+        )
+
+    def _owed_refusal(
+        self, scope: EvidenceScope, attempt: _Attempt, exc: StoreError
+    ) -> Callable[[], Awaitable[object]] | None:
+        """The refusal owed when a store write fails; none for a stale epoch (a superseded writer
+        can never write it: recording that belongs to the current holder)."""
+        if isinstance(exc, StaleEpoch):
+            return None
+        return scope.owe([*attempt.pending, self._refusal(attempt, exc)])
 
     def _receipt(self, scope: EvidenceScope, attempt: _Attempt) -> dict[str, Any]:
         return {

@@ -113,6 +113,10 @@ class EvidenceRecorder:
         self._now = wall_clock
         self._monotonic = monotonic
 
+    def now(self) -> datetime:
+        """The wall clock this recorder stamps entries with."""
+        return self._now()
+
     # ------------------------------------------------------------------ open / close
 
     async def open(self, agent: AgentId, *, policy_version: str | None = None) -> EvidenceSession:
