@@ -13,6 +13,7 @@ import pytest
 
 from bastion.app import create_app
 from bastion.crypto.jcs import canonical_json
+from bastion.crypto.key_set import verify_key_set
 from bastion.gateway import RuntimeOptions
 from bastion.policy.digest import snapshot_digest, snapshot_document
 from bastion.policy.load import snapshot_from_mapping
@@ -136,3 +137,28 @@ async def test_the_claim_commits_to_the_compiled_policy_snapshot(
     # The document is the compiled policy: a grant-free snapshot with these servers and agents.
     document = snapshot_document(snapshot)
     assert set(document["servers"]) == {"notes", "tools"} and "version" not in document
+
+
+async def test_the_gateway_publishes_the_keys_its_claims_name(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
+    """/.well-known/bastion-keys.json lists the active key, signed by it; a claim names that key id."""
+    snapshot = snapshot_from_mapping(gateway_config(tmp_path, tools_upstream.url), source=None, version="k")
+    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))
+    auth = {"authorization": f"Bearer {TOKENS['alice']}"}
+    async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=30) as http:
+        published = await http.get(url.replace("/mcp", "/.well-known/bastion-keys.json"))
+        session_id = await open_session(http, url)
+        call = rpc("tools/call", {"name": "tools__echo", "arguments": {"text": "x"}}, 1)
+        answer = (await http.post(url, headers=session_headers(session_id), json=call)).json()
+        evidence_id = answer["result"]["_meta"]["io.bastion/receipt"]["evidence_session_id"]
+        await http.delete(url, headers=session_headers(session_id))
+        claim_url = url.replace("/mcp", f"/sessions/{evidence_id}/trace-claim")
+        with anyio.fail_after(30):
+            while (claim := await http.get(claim_url, headers=auth)).status_code != 200:
+                await anyio.sleep(0.05)
+        pinned = app.state.gateway.keyring.active
+    assert published.status_code == 200  # no credential needed: verifiers pin these keys
+    document = published.json()
+    assert [key.key_id for key in verify_key_set(document, pinned)] == [pinned.key_id]
+    assert claim.json()["cnf"]["jwk"]["kid"] == document["active"] == pinned.key_id

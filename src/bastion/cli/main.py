@@ -55,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
         "--jobs", type=int, default=None, help="processes to verify with (default: one per CPU)"
     )
 
+    keys = sub.add_parser(
+        "verify-keys", help="check a published key set (/.well-known/bastion-keys.json) against a pinned key"
+    )
+    keys.add_argument("document", type=Path, help="the key set document")
+    keys.add_argument("--key", type=Path, required=True, help="the pinned public key (PEM or JWK)")
+    keys.add_argument("--out", type=Path, help="write every key it vouches for here as <kid>.pem")
+
     audit = sub.add_parser("audit", help="offline audit tools")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
     join = audit_sub.add_parser("join", help="records across bundles that share one execution_id, in order")
@@ -127,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_verify(
             args.bundle, args.claim, args.key, jobs=args.jobs, integrity_only=args.integrity_only
         )
+    if args.command == "verify-keys":
+        from bastion.cli.keys_cmd import run_verify_keys
+
+        return run_verify_keys(args.document, args.key, out_dir=args.out)
     if args.command == "audit" and args.audit_command == "find":
         from bastion.cli.audit_find_cmd import run_find
 
@@ -156,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         old = keyring.key_id
         new = keyring.rotate()
         print(f"active key: {new} (was {old}; restart the gateway to sign with it)")
+        print(f"key set {args.data_dir / 'keys' / 'bastion-keys.json'} re-signed by both keys")
         return 0
     if args.command == "hash-token":
         from bastion.auth.bearer import hash_token
