@@ -153,6 +153,7 @@ def create_app(
             Route("/.well-known/bastion-keys.json", published_keys),
             Route("/sessions/{session_id}/trace-claim", evidence.trace_claim),
             Route("/audit/export", evidence.export),
+            Route("/audit/execution", evidence.execution),
         ],
         lifespan=lifespan,
     )
