@@ -134,6 +134,7 @@ def create_app(
                     audit_isolation=gateway.audit_isolation,
                     serving=gateway.serving,
                     track_sessionless=gateway.sessionless_call,
+                    cut_cause=gateway.cut_cause,
                 )
                 state["admin"] = _admin_router(gateway)
                 yield
@@ -180,6 +181,7 @@ def _admin_router(gateway: Gateway) -> Router:
         admin_token_sha256=digest,
         clock=lambda: datetime.now(UTC),
         on_revoke=gateway.end_agent_session,
+        configured_digests=lambda: gateway.snapshot().credential_roles().keys(),
     )
     routes.append(Route("/admin/reload", gate.wrap(reload), methods=["POST"]))
     from bastion.admin.workers import worker_routes

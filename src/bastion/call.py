@@ -37,6 +37,7 @@ from bastion.errors import (
     ExecutionCollision,
     ExecutionInFlight,
     ExecutionReplay,
+    GrantDenied,
     InvalidParams,
     NotDurable,
     StaleEpoch,
@@ -47,7 +48,9 @@ from bastion.errors import (
 )
 from bastion.ids import CallId, new_call_id
 from bastion.policy.decide import RateLimiter, decide, visible_tools
+from bastion.policy.grants import Rate
 from bastion.policy.snapshot import Snapshot
+from bastion.settle import send_and_settle
 from bastion.store.base import Store
 from bastion.store.health import StoreHealth
 from bastion.upstream.base import CallContext, UpstreamReplied
@@ -85,6 +88,8 @@ class _Attempt:
     args_digest: str | None = None
     last: AuditEntry | None = None
     pending: list[tuple[AuditEvent, dict[str, Any]]] = field(default_factory=list)
+    charged: tuple[tuple[str, Rate], ...] = ()  # rate-limit tokens taken, until the call is sent
+    sent: bool = False
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -137,7 +142,7 @@ class ToolCallPath:
         attempt = _Attempt(call_id=new_call_id(), policy_version=snapshot.version)
         scope = caller.evidence
         try:
-            return await self._run(caller, params, snapshot, attempt, scope)
+            return await self._run_charged(caller, params, snapshot, attempt, scope)
         except StaleEpoch:
             # A newer epoch holds this worker's generation: it stops serving from now on.
             self._membership.superseded = True
@@ -154,6 +159,28 @@ class ToolCallPath:
             raise
         finally:
             scope.end_call(attempt.call_id)  # its chain slots are free (audit/recorder.py)
+
+    async def _run_charged(
+        self,
+        caller: Caller,
+        params: dict[str, Any],
+        snapshot: Snapshot,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+    ) -> dict[str, Any]:
+        try:
+            return await self._run(caller, params, snapshot, attempt, scope)
+        except BaseException:
+            # A call refused before the send spends no rate-limit token (issue #12).
+            if attempt.charged and not attempt.sent and attempt.entry is not None:
+                self._limiter.refund(
+                    attempt.charged,
+                    str(caller.principal.agent),
+                    attempt.entry.server,
+                    attempt.entry.upstream_name,
+                    self._monotonic(),
+                )
+            raise
 
     async def _run(
         self,
@@ -180,17 +207,24 @@ class ToolCallPath:
         if entry is None:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
         attempt.entry = entry
-        decision = decide(
-            snapshot,
-            caller.principal,
-            entry.server,
-            entry.namespace,
-            entry.upstream_name,
-            arguments,
-            now=self._monotonic(),
-            limiter=self._limiter,
-            has_execution_id=attempt.envelope.execution_id is not None,
-        )
+        try:
+            decision = decide(
+                snapshot,
+                caller.principal,
+                entry.server,
+                entry.namespace,
+                entry.upstream_name,
+                arguments,
+                now=self._monotonic(),
+                limiter=self._limiter,
+                has_execution_id=attempt.envelope.execution_id is not None,
+            )
+        except GrantDenied as exc:
+            # A tool hidden by grants is answered as unknown: the caller learns nothing of what it
+            # may not see; the audit keeps the truth (grant_denied, server, tool). Issue #12.
+            await self._audit_refusal(scope, attempt, exc)
+            raise UnknownTool(f"Unknown tool: {name}", tool=name, audited=True) from None
+        attempt.charged = decision.charged
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)
@@ -277,37 +311,35 @@ class ToolCallPath:
                         scope, attempt, AuditEvent.REFUSED, decision=Decision.DENY.value, reason="not_durable"
                     )
                 raise failures[0]
+
         # Without an execution id there is no state to move: the admitted entry is written with
         # the outcome, durably, before the answer (DESIGN section 2 step 8).
-        ctx = CallContext(
-            relay=caller.relay,
-            client_capabilities=caller.client_capabilities,
-            progress_token=_progress_token(params),
-            upstream_sessions=caller.transport_session.upstream_sessions
-            if caller.transport_session
-            else None,
-            timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
-            log_level=caller.log_level,
-            client_answers_requests=caller.transport_session is not None,
-        )
-        try:
-            result = await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
-        except UpstreamReplied as exc:
-            await self._finish(caller, attempt, scope, ExecutionState.FAILED, reason="upstream_error")
-            raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
-        except UpstreamError as exc:
-            state = ExecutionState.OUTCOME_UNKNOWN if exc.may_have_acted else ExecutionState.FAILED
-            await self._finish(caller, attempt, scope, state, reason=exc.reason.value)
-            raise
-        except anyio.get_cancelled_exc_class():
-            # Cancelled after send (client cancel, closed stream, revocation): the upstream may have acted.
-            with anyio.CancelScope(shield=True):
-                await self._finish(caller, attempt, scope, ExecutionState.OUTCOME_UNKNOWN, reason="cancelled")
-            raise
+        async def send() -> dict[str, Any]:
+            ctx = CallContext(
+                relay=caller.relay,
+                client_capabilities=caller.client_capabilities,
+                progress_token=_progress_token(params),
+                upstream_sessions=caller.transport_session.upstream_sessions
+                if caller.transport_session
+                else None,
+                timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
+                log_level=caller.log_level,
+                client_answers_requests=caller.transport_session is not None,
+            )
+            return await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
 
-        # (8) Outcome: durable terminal state, then its audit entry, then the answer.
-        state = ExecutionState.FAILED if result.get("isError") is True else ExecutionState.COMPLETED
-        await self._finish(caller, attempt, scope, state, reason=None, result_digest=digest_json(result))
+        async def finish(
+            state: ExecutionState, *, reason: str | None, result_digest: str | None = None
+        ) -> None:
+            await self._finish(caller, attempt, scope, state, reason=reason, result_digest=result_digest)
+
+        # (8) Outcome: from here every way out (result, error, cancellation, garbage) records a
+        #     durable terminal state, then its audit entry, then answers (settle.py).
+        attempt.sent = True
+        try:
+            result = await send_and_settle(send, finish)
+        except UpstreamReplied as exc:
+            raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
         meta = dict(result.get("_meta") or {})
         meta[RECEIPT_META_KEY] = self._receipt(scope, attempt)
         return {**result, "_meta": meta}
