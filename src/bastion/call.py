@@ -46,6 +46,7 @@ from bastion.errors import (
 )
 from bastion.ids import CallId, new_call_id
 from bastion.policy.decide import RateLimiter, decide, visible_tools
+from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
 from bastion.store.base import Store
 from bastion.store.health import StoreHealth
@@ -112,9 +113,12 @@ class ToolCallPath:
         limiter: RateLimiter,
         attachments: AttachmentTracker,
         monotonic: Callable[[], float] = time.monotonic,
+        shared_limits: StoreRateLimiter | None = None,
     ) -> None:
         self._attachments = attachments
         self._limiter = limiter
+        # Rate-limit tokens from the store (shared by replicas) instead of ``limiter``, when given.
+        self._shared_limits = shared_limits
         self._monotonic = monotonic
         self._fleet = fleet
         self._snapshot = snapshot
@@ -185,9 +189,17 @@ class ToolCallPath:
             entry.upstream_name,
             arguments,
             now=self._monotonic(),
-            limiter=self._limiter,
+            limiter=self._limiter if self._shared_limits is None else None,
             has_execution_id=attempt.envelope.execution_id is not None,
         )
+        if self._shared_limits is not None:
+            await self._shared_limits.take(
+                decision.limits,
+                str(caller.principal.agent),
+                entry.server,
+                entry.upstream_name,
+                policy_version=snapshot.version,
+            )
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)
