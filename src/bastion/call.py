@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ import anyio
 from bastion.admission.binding import compute_binding
 from bastion.admission.envelope import CmcpEnvelope, read_envelope
 from bastion.admission.states import ExecutionState
+from bastion.audit.earlier import name_earlier_attempt
 from bastion.audit.entry import AuditEntry, AuditEvent, Decision, digest_json
 from bastion.audit.scope import EvidenceScope
 from bastion.caller import Caller
@@ -48,6 +49,7 @@ from bastion.errors import (
 from bastion.ids import CallId, new_call_id
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.grants import Rate
+from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
 from bastion.settle import send_and_settle
 from bastion.store.base import Store
@@ -117,9 +119,12 @@ class ToolCallPath:
         limiter: RateLimiter,
         attachments: AttachmentTracker,
         monotonic: Callable[[], float] = time.monotonic,
+        shared_limits: StoreRateLimiter | None = None,
     ) -> None:
         self._attachments = attachments
         self._limiter = limiter
+        # Rate-limit tokens from the store (shared by replicas) instead of ``limiter``, when given.
+        self._shared_limits = shared_limits
         self._monotonic = monotonic
         self._fleet = fleet
         self._snapshot = snapshot
@@ -156,6 +161,8 @@ class ToolCallPath:
             exc.data.pop("audited", None)
             exc.data["receipt"] = self._receipt(scope, attempt)
             raise
+        finally:
+            scope.end_call(attempt.call_id)  # its chain slots are free (audit/recorder.py)
 
     async def _run_charged(
         self,
@@ -170,13 +177,15 @@ class ToolCallPath:
         except BaseException:
             # A call refused before the send spends no rate-limit token (issue #12).
             if attempt.charged and not attempt.sent and attempt.entry is not None:
-                self._limiter.refund(
-                    attempt.charged,
+                agent, server, tool = (
                     str(caller.principal.agent),
                     attempt.entry.server,
                     attempt.entry.upstream_name,
-                    self._monotonic(),
                 )
+                if self._shared_limits is not None:
+                    await self._shared_limits.refund(attempt.charged, agent, server, tool)
+                else:
+                    self._limiter.refund(attempt.charged, agent, server, tool, self._monotonic())
             raise
 
     async def _run(
@@ -213,7 +222,7 @@ class ToolCallPath:
                 entry.upstream_name,
                 arguments,
                 now=self._monotonic(),
-                limiter=self._limiter,
+                limiter=self._limiter if self._shared_limits is None else None,
                 has_execution_id=attempt.envelope.execution_id is not None,
             )
         except GrantDenied as exc:
@@ -221,7 +230,15 @@ class ToolCallPath:
             # may not see; the audit keeps the truth (grant_denied, server, tool). Issue #12.
             await self._audit_refusal(scope, attempt, exc)
             raise UnknownTool(f"Unknown tool: {name}", tool=name, audited=True) from None
-        attempt.charged = decision.charged
+        if self._shared_limits is not None:
+            await self._shared_limits.take(
+                decision.limits,
+                str(caller.principal.agent),
+                entry.server,
+                entry.upstream_name,
+                policy_version=snapshot.version,
+            )
+        attempt.charged = decision.limits
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)
@@ -236,13 +253,7 @@ class ToolCallPath:
             self._health.check_admissions()
         except NotDurable as exc:
             # Refused while storage cannot write: the refusal is owed to the audit (bounded queue).
-            owed = [
-                (
-                    AuditEvent.REFUSED,
-                    {**attempt.fields(), "decision": Decision.DENY.value, "reason": exc.reason.value},
-                )
-            ]
-            self._health.failed(exc, owed=lambda: scope.record_owed_many(owed))
+            self._health.failed(exc, owed=scope.owe([self._refusal(attempt, exc)]))
             raise
         execution_id = attempt.envelope.execution_id
         worker, epoch = self._membership.credentials()
@@ -260,15 +271,23 @@ class ToolCallPath:
                 await self._audit_refusal(scope, attempt, exc, event=AuditEvent.COLLISION)
                 raise
             except ExecutionReplay as exc:
+                await name_earlier_attempt(self._store, caller.agent, execution_id, exc.data)
+                earlier = {k: v for k, v in exc.data.items() if k.startswith("earlier_")}
                 await self._audit_refusal(
-                    scope, attempt, exc, event=AuditEvent.REPLAY, outcome=exc.data.get("earlier_outcome")
+                    scope,
+                    attempt,
+                    exc,
+                    event=AuditEvent.REPLAY,
+                    outcome=exc.data.get("earlier_outcome"),
+                    detail=earlier,
                 )
                 raise
             except ExecutionInFlight as exc:
                 await self._audit_refusal(scope, attempt, exc)
                 raise
             except StoreError as exc:
-                self._health.failed(exc)
+                # The refusal that trips degraded mode is owed to the audit like the ones after it.
+                self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
                 raise
         # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
         upstream = self._fleet.upstreams[entry.server]
@@ -368,7 +387,7 @@ class ToolCallPath:
                     ),
                 ]
                 attempt.pending = []
-                self._health.failed(exc, owed=lambda: scope.record_owed_many(owed))
+                self._health.failed(exc, owed=scope.owe(owed))
                 raise NotDurable(
                     "The outcome could not be made durable; this execution_id stays refused",
                     observed_outcome=state.value,
@@ -387,7 +406,7 @@ class ToolCallPath:
                 caller.agent, attempt.envelope.execution_id, worker=worker, epoch=epoch
             )
         except StoreError as exc:
-            self._health.failed(exc)
+            self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
             raise
         await self._record(scope, attempt, AuditEvent.RELEASED, outcome=ExecutionState.RELEASED.value)
 
@@ -413,7 +432,8 @@ class ToolCallPath:
 
     async def _record_pending(self, scope: EvidenceScope, attempt: _Attempt) -> None:
         """Write the queued entries now, durably: something irreversible follows (raises ``NotDurable``)."""
-        await self._write_batch(scope, attempt, [], durable=True)
+        # One more entry of this call follows (its outcome or refusal): it stays in this chain.
+        await self._write_batch(scope, attempt, [], durable=True, then=1)
 
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         """Write the queued entries and this one in one go (raises ``NotDurable``).
@@ -430,13 +450,14 @@ class ToolCallPath:
         extra: list[tuple[AuditEvent, dict[str, Any]]],
         *,
         durable: bool,
+        then: int = 0,
     ) -> None:
         batch = [*attempt.pending, *extra]
         attempt.pending = []
         try:
-            entries = await scope.record_many(batch, durable=durable)
+            entries = await scope.record_many(batch, durable=durable, then=then)
         except StoreError as exc:
-            self._health.failed(exc, owed=lambda: scope.record_owed_many(batch))
+            self._health.failed(exc, owed=scope.owe(batch))
             raise NotDurable("The audit entry could not be made durable") from exc
         if entries:
             attempt.last = entries[-1]
@@ -449,12 +470,36 @@ class ToolCallPath:
         *,
         event: AuditEvent = AuditEvent.REFUSED,
         outcome: str | None = None,
+        detail: dict[str, Any] | None = None,
     ) -> None:
         exc.data["audited"] = True
         with contextlib.suppress(NotDurable):  # owed to the audit; the refusal itself stands
             await self._record(
-                scope, attempt, event, decision=Decision.DENY.value, reason=exc.reason.value, outcome=outcome
+                scope,
+                attempt,
+                event,
+                decision=Decision.DENY.value,
+                reason=exc.reason.value,
+                outcome=outcome,
+                detail=detail,
             )
+
+    @staticmethod
+    def _refusal(attempt: _Attempt, exc: BastionError) -> tuple[AuditEvent, dict[str, Any]]:
+        """The refused entry of ``attempt``, for a refusal owed to the audit."""
+        return (
+            AuditEvent.REFUSED,
+            {**attempt.fields(), "decision": Decision.DENY.value, "reason": exc.reason.value},
+        )
+
+    def _owed_refusal(
+        self, scope: EvidenceScope, attempt: _Attempt, exc: StoreError
+    ) -> Callable[[], Awaitable[object]] | None:
+        """The refusal owed when a store write fails; none for a stale epoch (a superseded writer
+        can never write it: recording that belongs to the current holder)."""
+        if isinstance(exc, StaleEpoch):
+            return None
+        return scope.owe([*attempt.pending, self._refusal(attempt, exc)])
 
     def _receipt(self, scope: EvidenceScope, attempt: _Attempt) -> dict[str, Any]:
         return {

@@ -48,8 +48,10 @@ from bastion.errors import AgentSessionRevoked, BastionError, ConfigError, Store
 from bastion.ids import AgentId, WorkerId
 from bastion.methods import MethodRouter
 from bastion.policy.decide import RateLimiter, visible_tools
+from bastion.policy.digest import snapshot_digest
 from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
+from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import TransportSession
@@ -122,6 +124,7 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = SnapshotHolder(snapshot, registry=metrics)
+        self._policy_in_force: tuple[Snapshot, PolicyInForce] | None = None
         self.options = options
         self._static_auth = (snapshot.version, StaticBearerAuth(snapshot))
         self.limiter = RateLimiter()
@@ -198,8 +201,12 @@ class Gateway:
         return await self.authenticator.authenticate(authorization, scope.get("query_string", b""))
 
     def policy_in_force(self) -> PolicyInForce:
-        digest = hashlib.sha256(self.policy.current.version.encode()).hexdigest()
-        return PolicyInForce(bundle_hash="sha256:" + digest, version=self.policy.current.version)
+        """The snapshot in force, committed to by the digest of its compiled form (``policy/digest.py``)."""
+        snapshot = self.policy.current
+        if self._policy_in_force is None or self._policy_in_force[0] is not snapshot:
+            digest = PolicyInForce(bundle_hash=snapshot_digest(snapshot), version=snapshot.version)
+            self._policy_in_force = (snapshot, digest)
+        return self._policy_in_force[1]
 
     def _attest(self, chain_root: str) -> dict[str, Any]:
         if self._tsm_reason is not None:
@@ -272,6 +279,7 @@ class Gateway:
             health=self.health,
             limiter=self.limiter,
             attachments=self.attachments,
+            shared_limits=StoreRateLimiter(store, lambda: datetime.now(UTC)),
         )
         self.router = MethodRouter(self.fleet, self.call_path, self.snapshot, on_surface=self._surface_listed)
         oauth = self.policy.current.auth.oauth
