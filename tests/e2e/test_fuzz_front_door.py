@@ -41,6 +41,7 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
+from bastion.testing.loopback import loopback_config
 from tests.e2e.conftest import TOKENS, Upstream
 from tests.e2e.garbage_upstream import GARBAGE, GarbageUpstream
 
@@ -70,17 +71,7 @@ class Threaded:
 
 def serve_in_thread(app: ASGIApp) -> Threaded:
     """``app`` on 127.0.0.1 in a thread with its own event loop; returns once it accepts connections."""
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=0,
-            log_config=None,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=2,
-        )
-    )
+    server = uvicorn.Server(loopback_config(app))
     thread = threading.Thread(target=server.run, name="fuzz-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + START_S
