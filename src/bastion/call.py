@@ -51,7 +51,7 @@ from bastion.store.base import Store
 from bastion.store.health import StoreHealth
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
-from bastion.workers.attachment import AttachmentTracker, transport_session_ref
+from bastion.workers.attachment import AttachmentTracker, sessionless_ref, transport_session_ref
 from bastion.workers.membership import WorkerMembership
 
 __all__ = ["RECEIPT_META_KEY", "ToolCallPath", "strip_reserved_meta"]
@@ -366,13 +366,14 @@ class ToolCallPath:
             ref = transport_session_ref(transport_session.id)
             listed = transport_session.surface_namespaces
         else:
-            ref = "sessionless"
+            ref = sessionless_ref(caller.agent, caller.principal.agent_session_id)
             listed = None
         if listed is None:
             # Never listed (or sessionless): the surface is what this principal's tools/list would show.
             visible = visible_tools(snapshot, caller.principal, self._fleet.catalog.values())
             listed = frozenset(entry.namespace for entry in visible)
-            self._attachments.surface_listed(ref, listed)
+            owner = caller.principal if transport_session is None else None
+            self._attachments.surface_listed(ref, listed, owner=owner)
         self._attachments.check(ref, required, tool_read_only=False)
 
     def _queue(self, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:

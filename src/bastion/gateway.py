@@ -449,6 +449,13 @@ class Gateway:
         """The sanctioned re-attach: re-initialize that session's upstream session, refresh the surface."""
         transport_session = next((t for t in self.registry if transport_session_ref(t.id) == ref), None)
         server = next((n for n, u in self.fleet.upstreams.items() if u.namespace == namespace), None)
+        owner = self.attachments.owner_of(ref)
+        if transport_session is None and server is not None and isinstance(owner, Principal):
+            # A sessionless agent has no upstream session to re-initialize: refresh the namespace's
+            # tools and list them for that agent (issue #11 point 2).
+            await self.fleet.refresh_server(server)
+            visible = visible_tools(self.snapshot(), owner, self.fleet.catalog.values())
+            return frozenset(entry.namespace for entry in visible)
         if transport_session is None or server is None:
             raise RuntimeError("unknown transport session or namespace")
         stale = transport_session.upstream_sessions.get(server)
