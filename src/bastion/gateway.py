@@ -41,6 +41,7 @@ from bastion.auth.authenticator import Authenticator
 from bastion.auth.bearer import StaticBearerAuth
 from bastion.auth.oauth import OAuthVerifier, resource_metadata_url, www_authenticate
 from bastion.auth.principal import Principal
+from bastion.background import BackgroundTasks
 from bastion.call import ToolCallPath
 from bastion.crypto.keys import Keyring
 from bastion.errors import ConfigError, StoreError, WorkerSuperseded
@@ -136,6 +137,8 @@ class Gateway:
         self._runtime_hook: Callable[[str, Any], None] | None = None
         self.runtimes: RuntimeRegistry | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
+        # Loops that write to the store: ended before the store closes (issue #11 point 16).
+        self.background = BackgroundTasks()
         self.fleet = UpstreamFleet(
             snapshot, on_namespace_changed=self.broadcast_tools_changed, on_process_event=self._process_event
         )
@@ -273,7 +276,7 @@ class Gateway:
             verifier = OAuthVerifier(oauth, self._oauth_http)
         self._store_auth = StoreBearerAuth(store)
         self.authenticator = Authenticator(self.auth, self._store_auth, verifier)
-        task_group.start_soon(self._follow_revocations)
+        self.background.start_soon(task_group, self._follow_revocations)
         self.runtimes = RuntimeRegistry(
             store,
             clock=lambda: datetime.now(UTC),
@@ -283,11 +286,11 @@ class Gateway:
             launched_by=self.membership.worker,
         )
         self._runtime_hook = self.runtimes.process_hook(self.policy.current.version)
-        task_group.start_soon(self.runtimes.run)
+        task_group.start_soon(self.runtimes.run)  # ended by runtimes.settle() at shutdown
         await self.fleet.start(task_group)
-        task_group.start_soon(self.membership.heartbeat_forever)
-        task_group.start_soon(self.health.watch, self._probe_store)
-        task_group.start_soon(self._sweep_idle)
+        self.background.start_soon(task_group, self.membership.heartbeat_forever)
+        self.background.start_soon(task_group, self.health.watch, self._probe_store)
+        self.background.start_soon(task_group, self._sweep_idle)
         # --- issue #5 (workers/takeover.py): peer takeover. As a survivor, take over a peer's
         # generation whose holder is not live (expired heartbeat, or a PID known dead on this host)
         # and that left work unsettled; recover it under a fresh recovery worker and a strictly
@@ -334,7 +337,7 @@ class Gateway:
                 own_generation=options.generation,
             )
 
-        task_group.start_soon(watch_for_peers)
+        self.background.start_soon(task_group, watch_for_peers)
         # --- end issue #5 block
         self.started.set()
 
@@ -347,10 +350,18 @@ class Gateway:
         await self.store.heartbeat(self.membership.worker, datetime.now(UTC))
 
     async def aclose(self) -> None:
+        """Shut down in an order where nothing writes after the store closed (issue #11 point 16).
+
+        (1) client sessions (their evidence closed, claims issued); (2) the upstreams (processes
+        stopped); (3) their exits recorded; (4) every background loop ended; (5) the store.
+        """
         with anyio.CancelScope(shield=True):
             for transport_session in list(self.registry):
                 await self.close_transport_session(transport_session, "shutdown")
             await self.fleet.aclose()
+            if self.runtimes is not None:
+                await self.runtimes.settle()
+            await self.background.cancel_and_wait()
             if self._oauth_http is not None:
                 await self._oauth_http.aclose()
             if self.store is not None:
@@ -427,6 +438,8 @@ class Gateway:
     async def _persist_surface(self, change: SurfaceChange) -> None:
         if self.store is None or self.membership is None or self.membership.superseded:
             return
+        if self.background.closed:
+            return  # shutting down: this worker's liveness ends, and with it what its records prove
         worker, epoch = self.membership.credentials()
 
         def worker_for(namespace: str) -> WorkerId | None:

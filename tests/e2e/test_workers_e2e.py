@@ -70,6 +70,7 @@ STALE_TERMINAL_WRITE = "store degraded: Write refused: the writer's fencing epoc
 
 
 BIN = Path(sys.executable).parent
+BASTION = (sys.executable, "-m", "bastion.cli.main")
 
 
 # ---------------------------------------------------------------- processes
@@ -432,27 +433,24 @@ async def until(
 async def test_bastion_workers_reads_a_running_gateway(
     tmp_path: Path, holding_upstream: HoldingUpstream
 ) -> None:
-    """``bastion workers --url``: the gateway's own identity, live, holding g1 at epoch 1."""
-    from bastion.cli.workers_cmd import add_workers_parser, run_workers
-
+    """`bastion workers` (the real command): the gateway's own identity, live, holding g1 at epoch 1."""
     extra = f'\n[auth]\nadmin_token_sha256 = "{hash_token(ADMIN_TOKEN)}"\n'
     config = write_config(tmp_path / "gateway.toml", holding_upstream.url, extra=extra)
     token_file = tmp_path / "admin.token"
     token_file.write_text(ADMIN_TOKEN)
     async with gateway_process(config, tmp_path / "data", "g1", tmp_path / "g1.log") as gateway:
-        import argparse
-        import io
-
-        parser = argparse.ArgumentParser()
-        add_workers_parser(parser.add_subparsers(dest="command"))
-        args = parser.parse_args(
-            ["workers", "--url", gateway.url, "--admin-token-file", str(token_file), "--json"]
+        listed = await anyio.run_process(
+            [*BASTION, "workers", "--url", gateway.url, "--admin-token-file", str(token_file), "--json"],
+            check=False,
         )
-        out, err = io.StringIO(), io.StringIO()
-        code = await anyio.to_thread.run_sync(lambda: run_workers(args, out=out, err=err))
-        assert code == 0, err.getvalue()
-        [worker] = [w for w in json.loads(out.getvalue())["workers"] if w["role"] == "gateway"]
-        assert (worker["generation"], worker["epoch"], worker["liveness"]) == ("g1", 1, "live")
+        from_store = await anyio.run_process(
+            [*BASTION, "workers", "--data-dir", str(tmp_path / "data")], check=False
+        )
+    assert listed.returncode == 0, listed.stderr.decode()
+    [worker] = [w for w in json.loads(listed.stdout)["workers"] if w["role"] == "gateway"]
+    assert (worker["generation"], worker["epoch"], worker["liveness"]) == ("g1", 1, "live")
+    assert from_store.returncode == 0, from_store.stderr.decode()
+    assert worker["worker_id"] in from_store.stdout.decode()
 
 
 async def test_a_required_namespace_down_refuses_mutating_calls_only(

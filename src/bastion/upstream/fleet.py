@@ -20,6 +20,7 @@ import anyio
 import anyio.abc
 import httpx2 as httpx
 
+from bastion.background import BackgroundTasks
 from bastion.errors import UpstreamError
 from bastion.policy.snapshot import TOOL_NAME_RULE, ServerSpec, Snapshot, UpstreamKind
 from bastion.upstream.base import Upstream, UpstreamHealth, UpstreamReplied
@@ -79,6 +80,7 @@ class UpstreamFleet:
         self._catalog: Mapping[str, ToolEntry] = MappingProxyType({})
         self.skipped_tools: list[str] = []
         self._refresh_lock = anyio.Lock()
+        self._background = BackgroundTasks()
         # Active health for HTTP upstreams (issue #11): stdio processes are supervised instead.
         self.probers = {
             name: UpstreamProber(upstream, on_reconnected=self._list_changed, schedule=health_schedule)
@@ -102,10 +104,11 @@ class UpstreamFleet:
             for name in self.upstreams:
                 tg.start_soon(self.refresh_server, name)
         for prober in self.probers.values():
-            task_group.start_soon(prober.run)
+            self._background.start_soon(task_group, prober.run)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
+            await self._background.cancel_and_wait()  # no probe after the HTTP client closes
             for upstream in self.upstreams.values():
                 try:
                     await upstream.aclose()

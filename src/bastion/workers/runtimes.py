@@ -87,6 +87,7 @@ class RuntimeRegistry:
         self._pid_alive = pid_alive
         self._running: dict[str, LaunchedRuntime] = {}
         self._events: tuple[MemoryObjectSendStream[_Event], MemoryObjectReceiveStream[_Event]] | None = None
+        self._settled = anyio.Event()
 
     def slot(self, server: str) -> str:
         """The generation a process of ``server`` claims."""
@@ -122,6 +123,7 @@ class RuntimeRegistry:
                 "host": self._host,
                 "config_version": config_version,
                 "cohort": f"upstream:{server_name}",
+                "lease_s": self._lease_s,
             },
             now=self._clock(),
         )
@@ -191,9 +193,22 @@ class RuntimeRegistry:
                 tg.start_soon(self._heartbeat_forever)
                 async for kind, server, pid, config_version in receive:
                     await self._handle(kind, server, pid, config_version)
+                tg.cancel_scope.cancel()  # settle() closed the events: every one is recorded
         finally:
             send.close()
             receive.close()
+            self._settled.set()
+
+    async def settle(self, timeout_s: float = 5.0) -> None:
+        """At shutdown, after the processes stopped: record the events queued so far, then end :meth:`run`.
+
+        Nothing is written after this returns (the store may close next).
+        """
+        if self._events is None:
+            return
+        self._events[0].close()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(timeout_s):
+            await self._settled.wait()
 
     def _event_streams(self) -> tuple[MemoryObjectSendStream[_Event], MemoryObjectReceiveStream[_Event]]:
         if self._events is None:
