@@ -64,6 +64,7 @@ from bastion.workers.attachment import (
     persist_surface_change,
     transport_session_ref,
 )
+from bastion.workers.late_write import LateWrite, record_late_write
 from bastion.workers.membership import WorkerMembership
 from bastion.workers.recovery import recover_generation
 from bastion.workers.runtimes import RuntimeRegistry
@@ -269,6 +270,7 @@ class Gateway:
             health=self.health,
             limiter=self.limiter,
             attachments=self.attachments,
+            on_late_write=self._record_late_write,
         )
         self.router = MethodRouter(self.fleet, self.call_path, self.snapshot, on_surface=self._surface_listed)
         oauth = self.policy.current.auth.oauth
@@ -286,6 +288,7 @@ class Gateway:
             heartbeat_s=options.heartbeat_s,
             owner=options.generation,
             launched_by=self.membership.worker,
+            fence=self.membership.check_current,  # runtime heartbeats end with this gateway's epoch
         )
         self._runtime_hook = self.runtimes.process_hook(self.policy.current.version)
         task_group.start_soon(self.runtimes.run)  # ended by runtimes.settle() at shutdown
@@ -342,6 +345,33 @@ class Gateway:
         self.background.start_soon(task_group, watch_for_peers)
         # --- end issue #5 block
         self.started.set()
+
+    async def _record_late_write(self, late: LateWrite) -> str:
+        """Record what this superseded worker observed, under a fresh current writer (issue #11 point 5)."""
+        assert self.store is not None and self.keyring is not None
+        store, keyring, options = self.store, self.keyring, self.options
+
+        def recorder_for(membership: WorkerMembership) -> EvidenceRecorder:
+            return EvidenceRecorder(
+                store,
+                keyring,
+                membership,
+                attest=self._attest,
+                profile=self._profile,
+                policy=self.policy_in_force,
+                max_entries=options.evidence_max_entries,
+                max_age_s=options.evidence_max_age_s,
+            )
+
+        return await record_late_write(
+            store,
+            late,
+            recorder_for=recorder_for,
+            policy_version=self.policy.current.version,
+            lease_s=options.lease_s,
+            heartbeat_s=options.heartbeat_s,
+            clock=lambda: datetime.now(UTC),
+        )
 
     def _process_event(self, kind: str, upstream: Any) -> None:
         if self._runtime_hook is not None:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,13 @@ from bastion.policy.load import load_snapshot, snapshot_from_mapping
 from bastion.policy.snapshot import Snapshot
 from bastion.store.select import choose_store_url, describe_store
 
-__all__ = ["EXIT_START_REFUSED", "run_serve"]
+__all__ = ["EXIT_START_REFUSED", "EXIT_SUPERSEDED", "run_serve"]
 
 logger = logging.getLogger(__name__)
 
 DEMO_TOKEN_FILE = "demo-agent.token"  # noqa: S105 - a file name, not a secret
 EXIT_START_REFUSED = 3  # the gateway refused to start (held generation, unusable store): one line says why
+EXIT_SUPERSEDED = 4  # a newer epoch took this worker's generation: it drained, stopped its runtimes, exited
 
 
 def run_serve(
@@ -72,7 +74,7 @@ def run_serve(
         _stop(demo_upstream)
         return 2
     signal.signal(signal.SIGTERM, _TERMINATION)
-    refusal: str | None = None
+    outcome = _Outcome()
     try:
         store_url = choose_store_url(store, os.environ, snapshot.store_url)
     except ConfigError as exc:
@@ -91,23 +93,40 @@ def run_serve(
             evidence_max_entries=evidence_max_entries,
             evidence_max_age_s=evidence_max_age_s,
         )
-        refusal = anyio.run(
-            _serve, snapshot, host, port, options, token_note, backend_options={"use_uvloop": True}
+        anyio.run(
+            _serve, snapshot, host, port, options, token_note, outcome, backend_options={"use_uvloop": True}
         )
     except KeyboardInterrupt:
         pass
     finally:
         _stop(demo_upstream)
-    if refusal is not None:
-        print(f"bastion: {refusal}", file=sys.stderr)
+    if outcome.refusal is not None:
+        print(f"bastion: {outcome.refusal}", file=sys.stderr)
         return EXIT_START_REFUSED
+    if outcome.superseded:
+        print("bastion: this worker was superseded by a newer epoch; it stopped", file=sys.stderr)
+        return EXIT_SUPERSEDED
     return 0
 
 
+@dataclass
+class _Outcome:
+    """How serving ended: a refused start (its one line), or a superseded worker's exit."""
+
+    refusal: str | None = None
+    superseded: bool = False
+
+
 async def _serve(
-    snapshot: Snapshot, host: str, port: int, options: RuntimeOptions, token_note: Path | None
-) -> str | None:
-    """Serve until stopped; returns the one-line reason when the start was refused."""
+    snapshot: Snapshot,
+    host: str,
+    port: int,
+    options: RuntimeOptions,
+    token_note: Path | None,
+    outcome: _Outcome | None = None,
+) -> None:
+    """Serve until stopped, or until this worker is superseded; ``outcome`` says which."""
+    outcome = outcome if outcome is not None else _Outcome()
     app = create_app(snapshot, options)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -142,7 +161,8 @@ async def _serve(
                 refusal: str | None = getattr(app.state, "start_refusal", None)
                 if refusal is None and failed:
                     refusal = "start failed: see the log"
-                return refusal
+                outcome.refusal = refusal
+                return
             await anyio.sleep(0.02)
         bound = port
         for s in server.servers:
@@ -158,10 +178,17 @@ async def _serve(
                 f"  python -m bastion.examples.connect --url {url} --token-file {token_note}",
                 flush=True,
             )
+        tg.start_soon(_exit_when_superseded, app, server, outcome)
         await ended.wait()
         tg.cancel_scope.cancel()  # the SIGHUP listener ends with the server
 
-    return None
+
+async def _exit_when_superseded(app: Starlette, server: uvicorn.Server, outcome: _Outcome) -> None:
+    """A superseded worker drains (uvicorn's graceful stop), stops its runtimes (shutdown) and exits."""
+    membership = app.state.gateway.membership
+    await membership.superseded_event.wait()
+    outcome.superseded = True
+    server.should_exit = True
 
 
 class _Termination:

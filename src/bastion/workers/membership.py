@@ -16,7 +16,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import anyio
@@ -45,6 +45,18 @@ class WorkerMembership:
     worker: WorkerId | None = None
     epoch: Epoch | None = None
     superseded: bool = False
+    # Set once when this worker learns it was superseded; `bastion serve` then stops and exits.
+    superseded_event: anyio.Event = field(default_factory=anyio.Event)
+
+    def mark_superseded(self, how: str) -> None:
+        """This worker lost its generation to a newer epoch: it stops serving, and its process exits."""
+        if not self.superseded:
+            logger.error(
+                "this worker was superseded by a newer epoch; it stops serving and exits",
+                extra={"worker": self.worker, "generation": self.generation, "epoch": self.epoch, "how": how},
+            )
+        self.superseded = True
+        self.superseded_event.set()
 
     async def join(self, *, config_version: str) -> bool:
         """Register and claim the generation; returns whether a predecessor was taken over.
@@ -129,11 +141,22 @@ class WorkerMembership:
             try:
                 await self.store.heartbeat(self.worker, self.clock())
             except StaleEpoch:
-                self.superseded = True
-                logger.error("this worker was superseded; it stops serving", extra={"worker": self.worker})
+                self.mark_superseded("heartbeat refused")
                 return
             except StoreError as exc:
                 logger.warning("heartbeat failed: %s", exc.message)
+
+    async def check_current(self) -> None:
+        """Raises :class:`StaleEpoch` (and marks this worker superseded) unless it still holds its slot.
+
+        Raises:
+            StaleEpoch: a newer epoch (or another worker) holds the generation.
+            StoreError: storage failed.
+        """
+        held = await self.store.get_generation(self.generation)
+        if held is None or held.holder != self.worker or held.epoch != self.epoch:
+            self.mark_superseded("the generation is held by another worker")
+            raise StaleEpoch(generation=self.generation)
 
     def credentials(self) -> tuple[WorkerId, Epoch]:
         assert self.worker is not None and self.epoch is not None
