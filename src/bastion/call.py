@@ -17,6 +17,7 @@ and the audit entry owed is written once storage returns.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from bastion.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from bastion.ids import CallId, new_call_id
+from bastion.ids import CallId, Epoch, WorkerId, new_call_id
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.grants import Rate
 from bastion.policy.shared_limits import StoreRateLimiter
@@ -56,12 +57,16 @@ from bastion.store.base import Store
 from bastion.store.health import StoreHealth
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
-from bastion.workers.attachment import AttachmentTracker, transport_session_ref
+from bastion.workers.attachment import AttachmentTracker, sessionless_ref, transport_session_ref
+from bastion.workers.late_write import LateWrite
 from bastion.workers.membership import WorkerMembership
 
 __all__ = ["RECEIPT_META_KEY", "ToolCallPath", "strip_reserved_meta"]
 
+logger = logging.getLogger(__name__)
+
 RECEIPT_META_KEY = "io.bastion/receipt"
+_LATE_WRITE_REPORT_S = 10.0  # bound on recording what a superseded worker observed
 _RESERVED_META_PREFIX = "io.modelcontextprotocol/"
 
 
@@ -120,7 +125,9 @@ class ToolCallPath:
         attachments: AttachmentTracker,
         monotonic: Callable[[], float] = time.monotonic,
         shared_limits: StoreRateLimiter | None = None,
+        on_late_write: Callable[[LateWrite], Awaitable[object]] | None = None,
     ) -> None:
+        self._on_late_write = on_late_write
         self._attachments = attachments
         self._limiter = limiter
         # Rate-limit tokens from the store (shared by replicas) instead of ``limiter``, when given.
@@ -147,10 +154,17 @@ class ToolCallPath:
         scope = caller.evidence
         try:
             return await self._run_charged(caller, params, snapshot, attempt, scope)
-        except StaleEpoch:
-            # A newer epoch holds this worker's generation: it stops serving from now on.
-            self._membership.superseded = True
-            raise
+        except StaleEpoch as exc:
+            # A newer epoch holds this worker's generation: it stops serving from now on, and the
+            # caller hears that (not a storage failure): issue #11 point 5.
+            self._membership.mark_superseded("a write was refused")
+            data = {k: v for k, v in exc.data.items() if k != "audited"}
+            raise StaleEpoch(
+                "This gateway worker was superseded by a newer epoch; its write was refused. "
+                "The execution's outcome is the one its recovery recorded.",
+                **data,
+                receipt=self._receipt(scope, attempt),
+            ) from exc
         except (CallRefused, InvalidParams) as exc:
             if not exc.data.get("audited"):
                 await self._audit_refusal(scope, attempt, exc)
@@ -377,6 +391,15 @@ class ToolCallPath:
                 await self._store.record_outcome(
                     caller.agent, execution_id, state, worker=worker, epoch=epoch
                 )
+            except StaleEpoch as exc:
+                # Superseded: recovery owns this execution. What this worker saw is not lost: it is
+                # recorded by a fresh, current writer (workers/late_write.py). Entries queued under
+                # the stale epoch could never be written; the report replaces them.
+                attempt.pending = []
+                await self._report_late_write(caller, attempt, scope, state, worker, epoch)
+                raise StaleEpoch(
+                    exc.message, observed_outcome=state.value, execution_id=execution_id
+                ) from exc
             except StoreError as exc:
                 # Not durable: the row stays invoking (refused forever), never terminal by guess.
                 owed = [
@@ -417,13 +440,14 @@ class ToolCallPath:
             ref = transport_session_ref(transport_session.id)
             listed = transport_session.surface_namespaces
         else:
-            ref = "sessionless"
+            ref = sessionless_ref(caller.agent, caller.principal.agent_session_id)
             listed = None
         if listed is None:
             # Never listed (or sessionless): the surface is what this principal's tools/list would show.
             visible = visible_tools(snapshot, caller.principal, self._fleet.catalog.values())
             listed = frozenset(entry.namespace for entry in visible)
-            self._attachments.surface_listed(ref, listed)
+            owner = caller.principal if transport_session is None else None
+            self._attachments.surface_listed(ref, listed, owner=owner)
         self._attachments.check(ref, required, tool_read_only=False)
 
     def _queue(self, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
@@ -456,6 +480,8 @@ class ToolCallPath:
         attempt.pending = []
         try:
             entries = await scope.record_many(batch, durable=durable, then=then)
+        except StaleEpoch:
+            raise  # superseded, not a storage failure: nothing is owed under a stale epoch
         except StoreError as exc:
             self._health.failed(exc, owed=scope.owe(batch))
             raise NotDurable("The audit entry could not be made durable") from exc
@@ -500,6 +526,36 @@ class ToolCallPath:
         if isinstance(exc, StaleEpoch):
             return None
         return scope.owe([*attempt.pending, self._refusal(attempt, exc)])
+
+    async def _report_late_write(
+        self,
+        caller: Caller,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+        state: ExecutionState,
+        worker: WorkerId,
+        epoch: Epoch,
+    ) -> None:
+        """Hand what this superseded worker observed to the late-write report; never raises."""
+        if self._on_late_write is None:
+            return
+        fields = {k: v for k, v in attempt.fields().items() if k not in ("call_id", "execution_id")}
+        late = LateWrite(
+            agent=caller.agent,
+            call_id=attempt.call_id,
+            execution_id=attempt.envelope.execution_id,
+            observed_outcome=state.value,
+            stale_worker=worker,
+            stale_epoch=epoch,
+            generation=self._membership.generation,
+            evidence_session_id=scope.session_id,
+            fields=fields,
+        )
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_LATE_WRITE_REPORT_S):
+            try:
+                await self._on_late_write(late)
+            except Exception:  # the refusal stands whether or not the report could be written
+                logger.exception("the late-write report could not be written")
 
     def _receipt(self, scope: EvidenceScope, attempt: _Attempt) -> dict[str, Any]:
         return {
