@@ -50,6 +50,7 @@ from bastion.policy.decide import RateLimiter, visible_tools
 from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
 from bastion.policy.snapshot import Snapshot
+from bastion.session.listeners import TOOLS_LIST_CHANGED, ListenerHub
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
@@ -151,6 +152,8 @@ class Gateway:
         self.recorder: EvidenceRecorder | None = None
         self.call_path: ToolCallPath | None = None
         self.router: MethodRouter | None = None
+        # Open subscriptions/listen streams (sessionless clients' list_changed notifications).
+        self.listeners = ListenerHub()
         self._tsm = ConfigfsTsm(options.tsm_root)
         self._tsm_reason: str | None = None
         self._profile = ClaimProfile(
@@ -265,7 +268,13 @@ class Gateway:
             limiter=self.limiter,
             attachments=self.attachments,
         )
-        self.router = MethodRouter(self.fleet, self.call_path, self.snapshot, on_surface=self._surface_listed)
+        self.router = MethodRouter(
+            self.fleet,
+            self.call_path,
+            self.snapshot,
+            on_surface=self._surface_listed,
+            listeners=self.listeners,
+        )
         oauth = self.policy.current.auth.oauth
         verifier = None
         if oauth is not None:
@@ -347,6 +356,7 @@ class Gateway:
         await self.store.heartbeat(self.membership.worker, datetime.now(UTC))
 
     async def aclose(self) -> None:
+        self.listeners.close_all()
         with anyio.CancelScope(shield=True):
             for transport_session in list(self.registry):
                 await self.close_transport_session(transport_session, "shutdown")
@@ -604,6 +614,11 @@ class Gateway:
         for transport_session in self.registry:
             if visible_tools(snapshot, transport_session.principal, entries):
                 transport_session.server_stream.publish(payload)
+        self.listeners.publish(
+            TOOLS_LIST_CHANGED,
+            "notifications/tools/list_changed",
+            lambda principal: bool(visible_tools(snapshot, principal, entries)),
+        )
 
     async def _sweep_idle(self) -> None:
         while True:
