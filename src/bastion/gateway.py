@@ -407,13 +407,13 @@ class Gateway:
         except StoreError as exc:
             self.health.failed(exc, owed=lambda: scope.close(reason))
 
-    async def audit_isolation(self, agent: AgentId, cause: str) -> None:
+    async def audit_isolation(self, agent: AgentId, cause: str, reason: str = "session_not_found") -> None:
         scope = self.evidence_for(agent)
         try:
             await scope.record(
                 AuditEvent.ISOLATION_REFUSED,
                 decision=Decision.DENY.value,
-                reason="session_not_found",
+                reason=reason,
                 detail={"cause": cause},
             )
         except StoreError as exc:

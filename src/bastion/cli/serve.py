@@ -24,6 +24,7 @@ from bastion.gateway import RuntimeOptions
 from bastion.logs import configure_logging
 from bastion.policy.load import load_snapshot, snapshot_from_mapping
 from bastion.policy.snapshot import Snapshot
+from bastion.transport.rebinding import is_loopback
 
 __all__ = ["run_serve"]
 
@@ -63,6 +64,11 @@ def run_serve(
             token_note = data_dir / DEMO_TOKEN_FILE
     except ConfigError as exc:
         print(f"bastion: {exc.message}", file=sys.stderr)
+        _stop(demo_upstream)
+        return 2
+    if not is_loopback(host) and not snapshot.gateway.allowed_hosts:
+        # DNS-rebinding protection has no safe default off loopback: the operator names the hosts.
+        print(f"bastion: --host {host} is not loopback; set gateway.allowed_hosts", file=sys.stderr)
         _stop(demo_upstream)
         return 2
     try:

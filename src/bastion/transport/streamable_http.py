@@ -43,7 +43,6 @@ from bastion.errors import (
     MethodNotAllowed,
     NotAcceptable,
     NotDurable,
-    OriginForbidden,
     ProtocolVersionMismatch,
     RequestRejected,
     SessionIdMissing,
@@ -69,6 +68,7 @@ from bastion.transport.jsonrpc import (
     parse_message,
     result_message,
 )
+from bastion.transport.rebinding import check_host_and_origin
 from bastion.transport.relay import StreamRelay
 from bastion.upstream.base import UpstreamReplied
 from bastion.versions import (
@@ -102,7 +102,7 @@ class FrontDoor:
         evidence_for: Callable[[AgentId], EvidenceScope],
         request_evidence_for: Callable[[AgentId], EvidenceScope],
         end_request_evidence: Callable[[EvidenceScope], Awaitable[None]],
-        audit_isolation: Callable[[AgentId, str], Awaitable[None]],
+        audit_isolation: Callable[[AgentId, str, str], Awaitable[None]],
         serving: Callable[[], None],
         track_sessionless: Callable[[Principal, anyio.CancelScope], contextlib.AbstractContextManager[None]],
     ) -> None:
@@ -133,9 +133,12 @@ class FrontDoor:
         if method not in ("POST", "GET", "DELETE"):
             raise MethodNotAllowed()
         snapshot = self._snapshot()
-        origin = headers.get("origin")
-        if origin is not None and origin not in snapshot.gateway.allowed_origins:
-            raise OriginForbidden()
+        settings = snapshot.gateway
+        try:
+            check_host_and_origin(scope, headers, settings.allowed_hosts, settings.allowed_origins)
+        except RequestRejected as exc:
+            await self._audit_misdirected(scope, headers, exc)
+            raise
         try:
             principal = await self._authenticate(scope, headers.get("authorization"))
         except RequestRejected as exc:
@@ -155,6 +158,17 @@ class FrontDoor:
             await send({"type": "http.response.body", "body": b""})
             return
         await self._get_stream(receive, send, headers, transport_session)
+
+    async def _audit_misdirected(self, scope: Scope, headers: Headers, refusal: RequestRejected) -> None:
+        """Audit a valid credential sent with a foreign Host or Origin (a rebinding page, a leaked token)."""
+        logger.info("request refused before authentication", extra={"reason": refusal.reason.value})
+        if "authorization" not in headers:
+            return  # nobody to attribute it to
+        try:
+            principal = await self._authenticate(scope, headers.get("authorization"))
+        except RequestRejected:
+            return
+        await self._audit_isolation(principal.agent, refusal.cause or "", refusal.reason.value)
 
     # ------------------------------------------------------------------ POST
 
@@ -387,7 +401,7 @@ class FrontDoor:
         except SessionNotFound as exc:
             if exc.cause == "foreign":
                 # Another principal's session id: refused as unknown, and the attempt is audited.
-                await self._audit_isolation(principal.agent, "foreign_session_id")
+                await self._audit_isolation(principal.agent, "foreign_session_id", exc.reason.value)
             raise
 
     async def _initialize(self, send: Send, request: Request, principal: Principal) -> None:
