@@ -54,6 +54,7 @@ from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
 from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
+from bastion.session.listeners import TOOLS_LIST_CHANGED, ListenerHub
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
@@ -164,6 +165,8 @@ class Gateway:
         self.recorder: EvidenceRecorder | None = None
         self.call_path: ToolCallPath | None = None
         self.router: MethodRouter | None = None
+        # Open subscriptions/listen streams (sessionless clients' list_changed notifications).
+        self.listeners = ListenerHub()
         self._tsm = ConfigfsTsm(options.tsm_root)
         self._tsm_reason: str | None = None
         self._profile = ClaimProfile(
@@ -286,7 +289,13 @@ class Gateway:
             shared_limits=StoreRateLimiter(store, lambda: datetime.now(UTC)),
             on_late_write=self._record_late_write,
         )
-        self.router = MethodRouter(self.fleet, self.call_path, self.snapshot, on_surface=self._surface_listed)
+        self.router = MethodRouter(
+            self.fleet,
+            self.call_path,
+            self.snapshot,
+            on_surface=self._surface_listed,
+            listeners=self.listeners,
+        )
         oauth = self.policy.current.auth.oauth
         verifier = None
         if oauth is not None:
@@ -401,6 +410,7 @@ class Gateway:
         (1) client sessions (their evidence closed, claims issued); (2) the upstreams (processes
         stopped); (3) their exits recorded; (4) every background loop ended; (5) the store.
         """
+        self.listeners.close_all()
         with anyio.CancelScope(shield=True):
             for transport_session in list(self.registry):
                 await self.close_transport_session(transport_session, "shutdown")
@@ -454,13 +464,13 @@ class Gateway:
         except StoreError as exc:
             self.health.failed(exc, owed=lambda: scope.close(reason))
 
-    async def audit_isolation(self, agent: AgentId, cause: str) -> None:
+    async def audit_isolation(self, agent: AgentId, cause: str, reason: str = "session_not_found") -> None:
         scope = self.evidence_for(agent)
         try:
             await scope.record(
                 AuditEvent.ISOLATION_REFUSED,
                 decision=Decision.DENY.value,
-                reason="session_not_found",
+                reason=reason,
                 detail={"cause": cause},
             )
         except StoreError as exc:
@@ -687,6 +697,11 @@ class Gateway:
         for transport_session in self.registry:
             if visible_tools(snapshot, transport_session.principal, entries):
                 transport_session.server_stream.publish(payload)
+        self.listeners.publish(
+            TOOLS_LIST_CHANGED,
+            "notifications/tools/list_changed",
+            lambda principal: bool(visible_tools(snapshot, principal, entries)),
+        )
 
     async def _sweep_idle(self) -> None:
         while True:

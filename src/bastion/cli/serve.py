@@ -30,6 +30,7 @@ from bastion.logs import configure_logging
 from bastion.policy.load import load_snapshot, snapshot_from_mapping
 from bastion.policy.snapshot import Snapshot
 from bastion.store.select import choose_store_url, describe_store
+from bastion.transport.rebinding import is_loopback
 
 __all__ = ["EXIT_START_REFUSED", "EXIT_SUPERSEDED", "run_serve"]
 
@@ -87,6 +88,11 @@ def run_serve(
         _stop(demo_upstream)
         return 2
     logger.info("store", extra={"store": describe_store(store_url, data_dir)})
+    if not is_loopback(host) and not snapshot.gateway.allowed_hosts:
+        # DNS-rebinding protection has no safe default off loopback: the operator names the hosts.
+        print(f"bastion: --host {host} is not loopback; set gateway.allowed_hosts", file=sys.stderr)
+        _stop(demo_upstream)
+        return 2
     try:
         options = RuntimeOptions(
             data_dir=data_dir,
