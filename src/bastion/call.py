@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from mcp_types import LOG_LEVEL_META_KEY
 
 from bastion.admission.binding import compute_binding
 from bastion.admission.envelope import CmcpEnvelope, read_envelope
@@ -36,6 +37,7 @@ from bastion.errors import (
     ExecutionCollision,
     ExecutionInFlight,
     ExecutionReplay,
+    HeaderMismatch,
     InvalidParams,
     NotDurable,
     StaleEpoch,
@@ -45,6 +47,7 @@ from bastion.errors import (
     UpstreamUnavailable,
 )
 from bastion.ids import CallId, new_call_id
+from bastion.param_headers import check_param_headers
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.snapshot import Snapshot
 from bastion.store.base import Store
@@ -141,7 +144,7 @@ class ToolCallPath:
             # A newer epoch holds this worker's generation: it stops serving from now on.
             self._membership.superseded = True
             raise
-        except (CallRefused, InvalidParams) as exc:
+        except (CallRefused, InvalidParams, HeaderMismatch) as exc:
             if not exc.data.get("audited"):
                 await self._audit_refusal(scope, attempt, exc)
             exc.data.pop("audited", None)
@@ -177,6 +180,8 @@ class ToolCallPath:
         if entry is None:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
         attempt.entry = entry
+        if caller.param_headers is not None:
+            check_param_headers(entry.definition, arguments, caller.param_headers)
         decision = decide(
             snapshot,
             caller.principal,
@@ -282,8 +287,9 @@ class ToolCallPath:
             if caller.transport_session
             else None,
             timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
-            log_level=caller.log_level,
+            log_level=caller.log_level or _requested_log_level(params),
             client_answers_requests=caller.transport_session is not None,
+            owner=caller.agent,
         )
         try:
             result = await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
@@ -451,6 +457,13 @@ def _with_receipt_meta(exc: UpstreamReplied, receipt: dict[str, Any]) -> Upstrea
         else {"upstream_data": data, "receipt": receipt}
     )
     return UpstreamReplied(error)
+
+
+def _requested_log_level(params: dict[str, Any]) -> str | None:
+    # A 2026-07-28 client asks for log messages per request, in _meta (there is no logging/setLevel).
+    meta = params.get("_meta")
+    level = meta.get(LOG_LEVEL_META_KEY) if isinstance(meta, dict) else None
+    return level if isinstance(level, str) else None
 
 
 def _progress_token(params: dict[str, Any]) -> str | int | None:

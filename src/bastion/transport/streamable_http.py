@@ -260,6 +260,9 @@ class FrontDoor:
             transport_session=None,
             relay=None,
             evidence=evidence,
+            param_headers=Headers(
+                raw=[(k, v) for k, v in headers.raw if k.lower().startswith(b"mcp-param-")]
+            ),
         )
         try:
             # The request's evidence session closes, its claim issued, before the answer goes out:

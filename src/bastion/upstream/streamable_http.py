@@ -17,16 +17,17 @@ upstream are sent.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.abc
 import httpx2 as httpx
-from mcp.shared.inbound import encode_header_value
+from mcp.shared.inbound import encode_header_value, mcp_param_headers
 
 from bastion import __version__
 from bastion.errors import (
@@ -45,6 +46,13 @@ from bastion.upstream.base import (
     UpstreamHealth,
     UpstreamReplied,
 )
+from bastion.upstream.era_paths import (
+    LIST_CHANGED_FILTER,
+    param_header_map,
+    wants_session_path,
+    with_log_level,
+)
+from bastion.upstream.input_rounds import STATE_PREFIX, InputRound, ParkedRounds
 from bastion.upstream.relay import RequestRelay
 from bastion.upstream.sse import iter_sse_messages
 from bastion.upstream.taskgroups import single_exception
@@ -78,6 +86,8 @@ class HttpUpstreamSession:
     session_id: str | None
     protocol_version: str
     capabilities: dict[str, Any]
+    server_capabilities: dict[str, Any] = dataclasses.field(default_factory=dict)
+    log_level: str | None = None  # the level last sent with logging/setLevel
 
 
 def _relayable_capabilities(client_capabilities: Any) -> dict[str, Any]:
@@ -114,6 +124,12 @@ class HttpUpstream:
         self._on_list_changed = on_list_changed
         self._task_group: anyio.abc.TaskGroup | None = None
         self._watch_scope = anyio.CancelScope()
+        self._listen_scope = anyio.CancelScope()
+        # A sessionless upstream that also answers initialize: session-era clients get their own
+        # upstream session there, so nothing of their era is lost (logging/setLevel, back channel).
+        self.speaks_session = False
+        self._param_maps: dict[str, dict[tuple[str, ...], str]] = {}
+        self._parked = ParkedRounds()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -130,6 +146,8 @@ class HttpUpstream:
 
     async def aclose(self) -> None:
         self._watch_scope.cancel()
+        self._listen_scope.cancel()
+        self._parked.cancel_all()
         if self._catalog is not None:
             with anyio.move_on_after(2, shield=True):
                 await self.close_session(self._catalog)
@@ -141,14 +159,19 @@ class HttpUpstream:
                 await self._become_session_era()
                 return
             if self.spec.era == "sessionless":
-                self.era = UpstreamEra.SESSIONLESS
+                self._become_sessionless_era()
                 return
             try:
                 result = await self._modern_request("server/discover", {}, None, {})
             except (UpstreamReplied, UpstreamProtocolError):
                 result = None
             if result is not None and MODERN_VERSION in (result.get("supportedVersions") or []):
-                self.era = UpstreamEra.SESSIONLESS
+                try:
+                    await self._become_session_era()
+                    self.speaks_session = True
+                except (UpstreamReplied, UpstreamProtocolError):
+                    pass
+                self._become_sessionless_era()
                 return
             await self._become_session_era()
 
@@ -157,6 +180,11 @@ class HttpUpstream:
         self.era = UpstreamEra.SESSION
         if self._on_list_changed is not None and self._task_group is not None:
             self._task_group.start_soon(self._watch_catalog, self._catalog)
+
+    def _become_sessionless_era(self) -> None:
+        self.era = UpstreamEra.SESSIONLESS
+        if self._on_list_changed is not None and self._task_group is not None:
+            self._task_group.start_soon(self._watch_subscriptions)
 
     def _mark_disconnected(self, detail: str) -> None:
         was_connected = self._connected
@@ -218,6 +246,11 @@ class HttpUpstream:
             if not isinstance(cursor, str) or not cursor:
                 break
         self._tools = len(tools)
+        self._param_maps = {
+            t["name"]: header_map
+            for t in tools
+            if isinstance(t.get("name"), str) and (header_map := param_header_map(t.get("inputSchema")))
+        }
         return tools
 
     async def call(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
@@ -226,13 +259,22 @@ class HttpUpstream:
                 await self._negotiate()
             except TimeoutError as exc:
                 raise UpstreamUnavailable(f"upstream {self.name} did not answer negotiation") from exc
-        relay = RequestRelay(ctx.relay, ctx.progress_token)
+        relay = RequestRelay(ctx.relay, ctx.progress_token, log_level=ctx.log_level)
         try:
             with anyio.fail_after(ctx.timeout_s):
-                if self.era is UpstreamEra.SESSIONLESS:
-                    result = await self._modern_call(method, params, relay, ctx)
+                if self.era is UpstreamEra.SESSIONLESS and not wants_session_path(self.speaks_session, ctx):
+                    result = await self._answer_input_rounds(
+                        lambda p: self._modern_request(method, p, relay, ctx.client_capabilities, ctx),
+                        params,
+                        relay,
+                        ctx,
+                    )
+                elif ctx.upstream_sessions is None and ctx.relay is not None and method == "tools/call":
+                    result = await self._round_trip(method, params, relay, ctx)
                 else:
-                    result = await self._session_call(method, params, relay, ctx)
+                    result = await self._answer_input_rounds(
+                        lambda p: self._session_call(method, p, relay, ctx), params, relay, ctx
+                    )
         except TimeoutError as exc:
             raise UpstreamTimeout(f"upstream {self.name} did not answer within {ctx.timeout_s:g}s") from exc
         except UpstreamUnavailable as exc:
@@ -277,7 +319,7 @@ class HttpUpstream:
                 upstream_session = holder.get(self.name) if holder is not None else None
                 if upstream_session is None:
                     upstream_session = await self._open_session(
-                        _relayable_capabilities(ctx.client_capabilities) if not ephemeral else {}
+                        _relayable_capabilities(ctx.client_capabilities)
                     )
                     if holder is not None:
                         if holder.closed:
@@ -285,6 +327,7 @@ class HttpUpstream:
                             raise UpstreamUnavailable("the client session closed")
                         holder.put(self.name, upstream_session)
                 try:
+                    await self._ensure_log_level(upstream_session, ctx.log_level)
                     return await self._post(upstream_session, method, params, relay)
                 except _SessionGone:
                     # The upstream forgot this session; it did not process the request.
@@ -315,7 +358,13 @@ class HttpUpstream:
         version = result.get("protocolVersion")
         if version not in HANDSHAKE_VERSIONS:
             raise UpstreamProtocolError(f"upstream {self.name} negotiated unsupported version {version!r}")
-        upstream_session = HttpUpstreamSession(response_headers.get("mcp-session-id"), version, capabilities)
+        server_capabilities = result.get("capabilities")
+        upstream_session = HttpUpstreamSession(
+            response_headers.get("mcp-session-id"),
+            version,
+            capabilities,
+            server_capabilities if isinstance(server_capabilities, dict) else {},
+        )
         try:
             response = await self._client.post(
                 self.url,
@@ -388,12 +437,20 @@ class HttpUpstream:
 
     # ------------------------------------------------------------------ sessionless era
 
-    async def _modern_call(
-        self, method: str, params: dict[str, Any], relay: RequestRelay, ctx: CallContext
+    async def _answer_input_rounds(
+        self,
+        send: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
+        params: dict[str, Any],
+        relay: RequestRelay,
+        ctx: CallContext,
     ) -> dict[str, Any]:
-        """One sessionless request; for a session-era client, "input required" rounds are served here."""
+        """Send once; for a session-era client, serve "input required" rounds by asking it mid-call.
+
+        Either era of upstream may answer ``input_required`` (2026 tools written that way run
+        on session-era connections too). A sessionless client gets the result as it is.
+        """
         for _ in range(_MAX_INPUT_ROUNDS):
-            result = await self._modern_request(method, params, relay, ctx.client_capabilities)
+            result = await send(params)
             if result.get("resultType") != "input_required" or not ctx.client_answers_requests:
                 return result
             requests = result.get("inputRequests") or {}
@@ -410,7 +467,40 @@ class HttpUpstream:
             params = {**params, "inputResponses": responses}
             if "requestState" in result:
                 params["requestState"] = result["requestState"]
+            else:
+                params.pop("requestState", None)
         raise UpstreamProtocolError(f"upstream {self.name} kept asking for input")
+
+    async def _round_trip(
+        self, method: str, params: dict[str, Any], relay: RequestRelay, ctx: CallContext
+    ) -> dict[str, Any]:
+        """A sessionless client on a session-era path: back-channel requests become input-required rounds.
+
+        The upstream call runs on in the background; each question it asks ends this client
+        request with ``input_required`` and a ``requestState`` naming the parked call, and the
+        client's retry hands the answers over and waits for what comes next.
+        """
+        assert self._task_group is not None
+        owner = ctx.owner or ""
+        state = params.get("requestState")
+        if isinstance(state, str) and state.startswith(STATE_PREFIX):
+            round_ = self._parked.resume(state, owner)
+            round_.answer(params.get("inputResponses"))
+        else:
+            round_ = InputRound(owner)
+            round_.wire = RequestRelay(round_, relay.client_token, log_level=ctx.log_level)
+            wire = round_.wire
+            self._task_group.start_soon(round_.run, lambda: self._session_call(method, params, wire, ctx))
+        round_.client = ctx.relay
+        round_.wire.client_token = relay.client_token
+        try:
+            answer, asks_client = await round_.next_answer()
+        except BaseException:
+            round_.abandon()
+            raise
+        if asks_client:
+            answer["requestState"] = self._parked.park(round_, self._task_group)
+        return answer
 
     async def _modern_request(
         self,
@@ -418,6 +508,7 @@ class HttpUpstream:
         params: dict[str, Any],
         relay: RequestRelay | None,
         client_capabilities: Any,
+        ctx: CallContext | None = None,
     ) -> dict[str, Any]:
         relay = relay or RequestRelay(None, None)
         request_id = next(self._ids)
@@ -426,7 +517,7 @@ class HttpUpstream:
         meta[PROTOCOL_VERSION_META_KEY] = MODERN_VERSION
         meta[CAPABILITIES_META_KEY] = _relayable_capabilities(client_capabilities)
         meta[CLIENT_INFO_META_KEY] = _GATEWAY_INFO
-        outbound["_meta"] = meta
+        outbound["_meta"] = with_log_level(meta, ctx)
         headers = {
             **self._headers,
             "accept": _ACCEPT,
@@ -437,6 +528,10 @@ class HttpUpstream:
         name = params.get("name") if method in ("tools/call", "prompts/get") else params.get("uri")
         if isinstance(name, str) and method in ("tools/call", "prompts/get", "resources/read"):
             headers["mcp-name"] = encode_header_value(name)
+        arguments = params.get("arguments")
+        if method == "tools/call" and isinstance(name, str) and isinstance(arguments, dict):
+            # x-mcp-header parameters are mirrored as Mcp-Param-* headers, as the upstream requires.
+            headers.update(mcp_param_headers(self._param_maps.get(name, {}), arguments))
         body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": outbound}
         # Closing this request's stream is the sessionless era's cancellation.
         async with self._stream(headers, body) as response:
@@ -556,6 +651,29 @@ class HttpUpstream:
         if status >= 400 or not isinstance(result, dict):
             raise UpstreamProtocolError(f"upstream {self.name} answered HTTP {status} without a result")
         return result
+
+    async def _ensure_log_level(self, upstream_session: HttpUpstreamSession, level: str | None) -> None:
+        """The client's ``logging/setLevel`` reaches its own upstream session before its next request."""
+        if level is None or upstream_session.log_level == level:
+            return
+        if "logging" not in upstream_session.server_capabilities:
+            return  # the upstream does not log: nothing to set, nothing lost
+        with contextlib.suppress(UpstreamReplied):
+            await self._post(upstream_session, "logging/setLevel", {"level": level}, RequestRelay(None, None))
+        upstream_session.log_level = level
+
+    async def _watch_subscriptions(self) -> None:
+        """A sessionless upstream's ``tools/list_changed`` arrives on a ``subscriptions/listen`` stream."""
+        with self._listen_scope:
+            backoff = 0.5
+            while True:
+                with contextlib.suppress(UpstreamError, UpstreamReplied):
+                    await self._modern_request(
+                        "subscriptions/listen", {"notifications": LIST_CHANGED_FILTER}, None, {}
+                    )
+                    backoff = 0.5
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
 
     async def _watch_catalog(self, catalog: HttpUpstreamSession) -> None:
         """Listen on the catalog session's GET stream for ``tools/list_changed``."""
