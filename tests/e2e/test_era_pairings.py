@@ -10,12 +10,7 @@ upstream and pick the path that loses nothing.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-import sys
 import warnings
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,54 +27,18 @@ from mcp_types import (
     TextContent,
 )
 
-from bastion.app import create_app
-from bastion.auth.bearer import hash_token
-from bastion.gateway import RuntimeOptions
-from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
-from tests.e2e.conftest import TOKENS, RunningGateway
+from tests.e2e.conftest import TOKENS
+from tests.e2e.era_support import era_upstream_url, gateway_for
 
 pytestmark = pytest.mark.anyio
 
-REPO = Path(__file__).resolve().parents[2]
+__all__ = ["era_upstream_url"]  # the fixture, imported for pytest
 PAIRINGS = [
     pytest.param("legacy", "session", id="session-session"),
     pytest.param("legacy", "sessionless", id="session-sessionless"),
     pytest.param("auto", "session", id="sessionless-session"),
     pytest.param("auto", "sessionless", id="sessionless-sessionless"),
 ]
-
-
-@pytest.fixture(scope="module")
-def era_upstream_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    counter = tmp_path_factory.mktemp("era") / "counter.log"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.era_upstream"],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "BASTION_COUNTER_FILE": str(counter)},
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert line.startswith("LISTENING "), line
-    yield line.split()[1]
-    process.terminate()
-    process.wait(timeout=10)
-    process.stdout.close()
-
-
-@contextlib.asynccontextmanager
-async def gateway_for(tmp_path: Path, url: str, upstream_era: str) -> AsyncIterator[RunningGateway]:
-    config = {
-        "gateway": {"upstream_timeout_s": 20.0},
-        "servers": {"up": {"url": url, "era": upstream_era}},
-        "agents": {name: {"token_sha256": hash_token(token)} for name, token in TOKENS.items()},
-    }
-    snapshot = snapshot_from_mapping(config, source=None, version="t")
-    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))
-    async with serve_on_loopback(app) as front:
-        yield RunningGateway(front, app.state.gateway, tmp_path)
 
 
 async def answer_elicitation(context: Any, params: Any) -> ElicitResult:
