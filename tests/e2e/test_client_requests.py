@@ -55,9 +55,12 @@ async def test_elicitation_and_sampling_reach_the_caller(
     assert "a summary" in summary.content[0].text  # type: ignore[union-attr]
 
 
-async def test_stdio_upstream_elicitation_reaches_the_only_caller(running_gateway: RunningGateway) -> None:
-    """A stdio upstream's elicitation is relayed to the one client whose call is in flight."""
-    async with running_gateway.client(elicitation_callback=answer_elicitation) as client:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_stdio_upstream_elicitation_reaches_the_only_caller(
+    running_gateway: RunningGateway, mode: str
+) -> None:
+    """A stdio upstream's elicitation reaches the one client in flight (by rounds if it is sessionless)."""
+    async with running_gateway.client(mode=mode, elicitation_callback=answer_elicitation) as client:
         asked = await client.call_tool("notes__ask_user", {"question": "what?"})
     assert "forty-two" in asked.content[0].text  # type: ignore[union-attr]
 

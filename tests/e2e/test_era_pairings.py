@@ -10,6 +10,7 @@ upstream and pick the path that loses nothing.
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -292,3 +293,43 @@ async def test_dual_era_upstream_gives_a_session_era_client_its_own_upstream_ses
     assert upstream_sessions == ["up"]
     assert levels == ["error"]
     assert text_of(asked) == "forty-two"
+
+
+def _reply(response: httpx.Response) -> dict[str, Any]:
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        lines = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+        return dict(json.loads(lines[-1]))
+    return dict(response.json())
+
+
+async def test_a_parked_round_resumes_once_and_only_for_its_agent(
+    tmp_path: Path, era_upstream_url: str
+) -> None:
+    """A requestState of Bastion's rounds is refused to another agent and once used (-32036)."""
+    arguments = {"question": "what?"}
+    capabilities = {"elicitation": {}}
+    async with (
+        gateway_for(tmp_path, era_upstream_url, "session") as gateway,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+
+        async def call(agent: str, extra: dict[str, Any]) -> dict[str, Any]:
+            body, sent = _modern_call("up__ask_user", arguments, {})
+            body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = capabilities
+            body["params"].update(extra)
+            sent["authorization"] = f"Bearer {TOKENS[agent]}"
+            return _reply(await http.post(gateway.url, json=body, headers=sent))
+
+        first = (await call("alice", {}))["result"]
+        assert first["resultType"] == "input_required"
+        (key,) = first["inputRequests"]
+        assert first["inputRequests"][key]["method"] == "elicitation/create"
+        answers = {key: {"action": "accept", "content": {"answer": "forty-two"}}}
+        retry = {"requestState": first["requestState"], "inputResponses": answers}
+        by_bob = await call("bob", retry)
+        by_alice = await call("alice", retry)
+        again = await call("alice", retry)
+    assert by_bob["error"]["code"] == -32036
+    assert by_bob["error"]["data"]["reason"] == "input_round_unknown"
+    assert by_alice["result"]["content"][0]["text"] == "forty-two"
+    assert again["error"]["code"] == -32036

@@ -28,10 +28,10 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from bastion.errors import InputRoundUnknown, OutcomeUnknown
-from bastion.upstream.base import CallRelay, ClientDeclined
+from bastion.upstream.base import CallContext, CallRelay, ClientDeclined
 from bastion.upstream.relay import RequestRelay
 
-__all__ = ["PARK_TTL_S", "STATE_PREFIX", "InputRound", "ParkedRounds"]
+__all__ = ["PARK_TTL_S", "STATE_PREFIX", "InputRound", "ParkedRounds", "asks_in_rounds", "round_trip"]
 
 PARK_TTL_S = 120.0
 STATE_PREFIX = "bastion-rs."
@@ -189,3 +189,47 @@ class ParkedRounds:
             round_.abandon()
             expiry.cancel()
         self._by_state.clear()
+
+
+def asks_in_rounds(method: str, ctx: CallContext) -> bool:
+    """True for a sessionless client's ``tools/call`` on a path whose upstream may ask mid-call."""
+    return ctx.upstream_sessions is None and ctx.relay is not None and method == "tools/call"
+
+
+async def round_trip(
+    parked: ParkedRounds,
+    task_group: anyio.abc.TaskGroup,
+    params: dict[str, Any],
+    relay: RequestRelay,
+    ctx: CallContext,
+    send: Callable[[dict[str, Any], RequestRelay], Awaitable[dict[str, Any]]],
+) -> dict[str, Any]:
+    """A sessionless client on a session-era path: back-channel requests become input-required rounds.
+
+    The upstream call (``send``) runs on in ``task_group``; each question it asks ends this
+    client request with ``input_required`` and a ``requestState`` naming the parked call, and
+    the client's retry hands the answers over and waits for what comes next.
+
+    Raises:
+        InputRoundUnknown: the retry names a round this replica does not hold for this agent.
+    """
+    owner = ctx.owner or ""
+    state = params.get("requestState")
+    if isinstance(state, str) and state.startswith(STATE_PREFIX):
+        round_ = parked.resume(state, owner)
+        round_.answer(params.get("inputResponses"))
+    else:
+        round_ = InputRound(owner)
+        round_.wire = RequestRelay(round_, relay.client_token, log_level=ctx.log_level)
+        wire = round_.wire
+        task_group.start_soon(round_.run, lambda: send(params, wire))
+    round_.client = ctx.relay
+    round_.wire.client_token = relay.client_token
+    try:
+        answer, asks_client = await round_.next_answer()
+    except BaseException:
+        round_.abandon()
+        raise
+    if asks_client:
+        answer["requestState"] = parked.park(round_, task_group)
+    return answer

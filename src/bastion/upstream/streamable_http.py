@@ -52,7 +52,7 @@ from bastion.upstream.era_paths import (
     wants_session_path,
     with_log_level,
 )
-from bastion.upstream.input_rounds import STATE_PREFIX, InputRound, ParkedRounds
+from bastion.upstream.input_rounds import ParkedRounds, asks_in_rounds, round_trip
 from bastion.upstream.relay import RequestRelay
 from bastion.upstream.sse import iter_sse_messages
 from bastion.upstream.taskgroups import single_exception
@@ -269,8 +269,16 @@ class HttpUpstream:
                         relay,
                         ctx,
                     )
-                elif ctx.upstream_sessions is None and ctx.relay is not None and method == "tools/call":
-                    result = await self._round_trip(method, params, relay, ctx)
+                elif asks_in_rounds(method, ctx):
+                    assert self._task_group is not None
+                    result = await round_trip(
+                        self._parked,
+                        self._task_group,
+                        params,
+                        relay,
+                        ctx,
+                        lambda p, wire: self._session_call(method, p, wire, ctx),
+                    )
                 else:
                     result = await self._answer_input_rounds(
                         lambda p: self._session_call(method, p, relay, ctx), params, relay, ctx
@@ -470,37 +478,6 @@ class HttpUpstream:
             else:
                 params.pop("requestState", None)
         raise UpstreamProtocolError(f"upstream {self.name} kept asking for input")
-
-    async def _round_trip(
-        self, method: str, params: dict[str, Any], relay: RequestRelay, ctx: CallContext
-    ) -> dict[str, Any]:
-        """A sessionless client on a session-era path: back-channel requests become input-required rounds.
-
-        The upstream call runs on in the background; each question it asks ends this client
-        request with ``input_required`` and a ``requestState`` naming the parked call, and the
-        client's retry hands the answers over and waits for what comes next.
-        """
-        assert self._task_group is not None
-        owner = ctx.owner or ""
-        state = params.get("requestState")
-        if isinstance(state, str) and state.startswith(STATE_PREFIX):
-            round_ = self._parked.resume(state, owner)
-            round_.answer(params.get("inputResponses"))
-        else:
-            round_ = InputRound(owner)
-            round_.wire = RequestRelay(round_, relay.client_token, log_level=ctx.log_level)
-            wire = round_.wire
-            self._task_group.start_soon(round_.run, lambda: self._session_call(method, params, wire, ctx))
-        round_.client = ctx.relay
-        round_.wire.client_token = relay.client_token
-        try:
-            answer, asks_client = await round_.next_answer()
-        except BaseException:
-            round_.abandon()
-            raise
-        if asks_client:
-            answer["requestState"] = self._parked.park(round_, self._task_group)
-        return answer
 
     async def _modern_request(
         self,
