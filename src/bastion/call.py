@@ -26,6 +26,7 @@ import anyio
 from mcp_types import LOG_LEVEL_META_KEY
 
 from bastion.admission.binding import compute_binding
+from bastion.admission.continuation import InputContinuations
 from bastion.admission.envelope import CmcpEnvelope, read_envelope
 from bastion.admission.states import ExecutionState
 from bastion.audit.entry import AuditEntry, AuditEvent, Decision, digest_json
@@ -124,6 +125,7 @@ class ToolCallPath:
         self._store = store
         self._membership = membership
         self._health = health
+        self._continuations = InputContinuations()
 
     async def call_tool(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         """Decide, admit, relay and record one tool call; returns the upstream's result with a receipt.
@@ -217,7 +219,14 @@ class ToolCallPath:
             raise
         execution_id = attempt.envelope.execution_id
         worker, epoch = self._membership.credentials()
-        if execution_id is not None:
+        # The next round of an execution that asked its client for input is that execution
+        # continuing (its row stayed invoking), not a replay: admission/continuation.py.
+        continuation = (
+            self._continuations.take(caller.agent, execution_id, attempt.binding, params)
+            if execution_id is not None
+            else None
+        )
+        if execution_id is not None and continuation is None:
             try:
                 await self._store.reserve_execution(
                     caller.agent,
@@ -244,7 +253,7 @@ class ToolCallPath:
         # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
         upstream = self._fleet.upstreams[entry.server]
         self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
-        if execution_id is not None:
+        if execution_id is not None and continuation is None:
             if not upstream.health().connected:
                 await self._release(caller, attempt, scope)
                 raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
@@ -305,6 +314,17 @@ class ToolCallPath:
             with anyio.CancelScope(shield=True):
                 await self._finish(caller, attempt, scope, ExecutionState.OUTCOME_UNKNOWN, reason="cancelled")
             raise
+
+        if result.get("resultType") == "input_required":
+            # Not an outcome: the client is asked for input and comes back with the same call.
+            if execution_id is not None:
+                self._continuations.expect(
+                    caller.agent, execution_id, attempt.binding, result.get("requestState")
+                )
+            await self._record(scope, attempt, AuditEvent.INPUT_REQUIRED, reason="input_required")
+            meta = dict(result.get("_meta") or {})
+            meta[RECEIPT_META_KEY] = self._receipt(scope, attempt)
+            return {**result, "_meta": meta}
 
         # (8) Outcome: durable terminal state, then its audit entry, then the answer.
         state = ExecutionState.FAILED if result.get("isError") is True else ExecutionState.COMPLETED

@@ -302,23 +302,28 @@ def _reply(response: httpx.Response) -> dict[str, Any]:
     return dict(response.json())
 
 
+async def _sessionless_call(
+    http: httpx.AsyncClient, url: str, agent: str, tool: str, arguments: dict[str, Any], extra: dict[str, Any]
+) -> dict[str, Any]:
+    body, sent = _modern_call(tool, arguments, {})
+    body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = {"elicitation": {}}
+    body["params"].update(extra)
+    sent["authorization"] = f"Bearer {TOKENS[agent]}"
+    return _reply(await http.post(url, json=body, headers=sent))
+
+
 async def test_a_parked_round_resumes_once_and_only_for_its_agent(
     tmp_path: Path, era_upstream_url: str
 ) -> None:
     """A requestState of Bastion's rounds is refused to another agent and once used (-32036)."""
     arguments = {"question": "what?"}
-    capabilities = {"elicitation": {}}
     async with (
         gateway_for(tmp_path, era_upstream_url, "session") as gateway,
         httpx.AsyncClient(timeout=30) as http,
     ):
 
         async def call(agent: str, extra: dict[str, Any]) -> dict[str, Any]:
-            body, sent = _modern_call("up__ask_user", arguments, {})
-            body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = capabilities
-            body["params"].update(extra)
-            sent["authorization"] = f"Bearer {TOKENS[agent]}"
-            return _reply(await http.post(gateway.url, json=body, headers=sent))
+            return await _sessionless_call(http, gateway.url, agent, "up__ask_user", arguments, extra)
 
         first = (await call("alice", {}))["result"]
         assert first["resultType"] == "input_required"
@@ -333,3 +338,35 @@ async def test_a_parked_round_resumes_once_and_only_for_its_agent(
     assert by_bob["error"]["data"]["reason"] == "input_round_unknown"
     assert by_alice["result"]["content"][0]["text"] == "forty-two"
     assert again["error"]["code"] == -32036
+
+
+@pytest.mark.parametrize("upstream_era", ["session", "sessionless"])
+async def test_an_execution_spans_its_input_rounds_and_is_then_terminal(
+    tmp_path: Path, era_upstream_url: str, upstream_era: str
+) -> None:
+    """Under one execution_id the rounds of an input-required call are one execution; a new call replays."""
+    cmcp = {"_cmcp": {"execution_id": f"ask-{upstream_era}"}}
+    arguments = {"question": "what?"}
+    async with (
+        gateway_for(tmp_path, era_upstream_url, upstream_era) as gateway,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+
+        async def call(extra: dict[str, Any]) -> dict[str, Any]:
+            return await _sessionless_call(
+                http, gateway.url, "alice", "up__ask_user", arguments, {**cmcp, **extra}
+            )
+
+        first = (await call({}))["result"]
+        (key,) = first["inputRequests"]
+        answers = {key: {"action": "accept", "content": {"answer": "forty-two"}}}
+        retry: dict[str, Any] = {"inputResponses": answers}
+        if "requestState" in first:
+            retry["requestState"] = first["requestState"]
+        forged = await call({"requestState": "forged", "inputResponses": answers})
+        second = await call(retry)
+        replayed = await call({})
+    assert first["resultType"] == "input_required"
+    assert forged["error"]["code"] == -32051  # in flight: a forged state continues nothing
+    assert second["result"]["content"][0]["text"] == "forty-two"
+    assert replayed["error"]["code"] == -32052
