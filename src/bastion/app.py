@@ -124,6 +124,7 @@ def create_app(
                     audit_isolation=gateway.audit_isolation,
                     serving=gateway.serving,
                     track_sessionless=gateway.sessionless_call,
+                    client_notified=gateway.pass_on_client_notification,
                 )
                 state["admin"] = _admin_router(gateway)
                 yield

@@ -10,6 +10,7 @@ progress, ``hang`` for cancellation, ``ask_user`` for elicitation,
   the SDK server checks against the body on the 2026-07-28 wire;
 - ``confirm``: a tool written in the 2026 input-required style by hand
   (returns ``InputRequiredResult``, then reads ``ctx.input_responses``);
+- ``roots_changed``: how many ``notifications/roots/list_changed`` arrived;
 - ``grow``: registers a tool at run time and announces it on
   ``subscriptions/listen``.
 
@@ -26,7 +27,13 @@ from typing import Annotated, Any
 import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, ListRoots, MCPServer, Resolve
-from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult, ListRootsResult
+from mcp_types import (
+    ElicitRequest,
+    ElicitRequestFormParams,
+    InputRequiredResult,
+    ListRootsResult,
+    NotificationParams,
+)
 from pydantic import Field
 
 from bastion.examples.common_tools import add_common_tools
@@ -43,6 +50,19 @@ def _list_roots() -> ListRoots:
 def build_server(counter: FileCounter) -> MCPServer[Any]:
     server: MCPServer[Any] = MCPServer("era-upstream", version="0.1.0", log_level="WARNING")
     add_common_tools(server, counter)
+    roots_changes: list[str] = []
+
+    async def on_roots_changed(context: Any, params: NotificationParams) -> None:
+        roots_changes.append("changed")
+
+    server._lowlevel_server.add_notification_handler(  # the SDK's own registration hook
+        "notifications/roots/list_changed", NotificationParams, on_roots_changed
+    )
+
+    @server.tool(structured_output=False)
+    async def roots_changed() -> int:
+        """How many ``notifications/roots/list_changed`` this server has received."""
+        return len(roots_changes)
 
     @server.tool(structured_output=False)
     async def hang() -> str:

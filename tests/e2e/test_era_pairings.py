@@ -370,3 +370,22 @@ async def test_an_execution_spans_its_input_rounds_and_is_then_terminal(
     assert forged["error"]["code"] == -32051  # in flight: a forged state continues nothing
     assert second["result"]["content"][0]["text"] == "forty-two"
     assert replayed["error"]["code"] == -32052
+
+
+async def test_a_clients_roots_change_reaches_its_own_upstream_session(
+    tmp_path: Path, era_upstream_url: str
+) -> None:
+    """A session-era client's notifications/roots/list_changed is passed to its own upstream session."""
+    async with (
+        gateway_for(tmp_path, era_upstream_url, "session") as gateway,
+        gateway.client(mode="legacy", list_roots_callback=answer_roots) as client,
+    ):
+        before = int(text_of(await client.call_tool("up__roots_changed", {})))
+        with warnings.catch_warnings():  # a session-era notification, deprecated by 2026-07-28
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            await client.send_roots_list_changed()
+        with anyio.fail_after(10):
+            while int(text_of(await client.call_tool("up__roots_changed", {}))) == before:
+                await anyio.sleep(0.05)
+        after = int(text_of(await client.call_tool("up__roots_changed", {})))
+    assert after == before + 1

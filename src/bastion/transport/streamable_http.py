@@ -104,7 +104,9 @@ class FrontDoor:
         audit_isolation: Callable[[AgentId, str], Awaitable[None]],
         serving: Callable[[], None],
         track_sessionless: Callable[[Principal, anyio.CancelScope], contextlib.AbstractContextManager[None]],
+        client_notified: Callable[[TransportSession, str], None] | None = None,
     ) -> None:
+        self._client_notified = client_notified
         self._track_sessionless = track_sessionless
         self._snapshot = snapshot
         self._authenticate = authenticate
@@ -362,6 +364,8 @@ class FrontDoor:
             call = transport_session.in_flight.get(request_id) if isinstance(request_id, str | int) else None
             if call is not None and call.method != "initialize":
                 call.cancel_scope.cancel()
+        elif message.method == "notifications/roots/list_changed" and self._client_notified is not None:
+            self._client_notified(transport_session, message.method)
 
     # ------------------------------------------------------------------ session era
 

@@ -169,5 +169,8 @@ class Upstream(Protocol):
     async def close_session(self, upstream_session: Any) -> None:
         """Close one upstream session opened for a client session."""
 
+    async def notify_session(self, upstream_session: Any, method: str) -> None:
+        """Pass a client's notification (``notifications/roots/list_changed``) to its own upstream session."""
+
     def health(self) -> UpstreamHealth:
         """Current connection facts, for ``/readyz``."""

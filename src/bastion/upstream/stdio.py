@@ -413,3 +413,7 @@ class StdioUpstream:
 
     async def close_session(self, upstream_session: Any) -> None:
         return None
+
+    async def notify_session(self, upstream_session: Any, method: str) -> None:
+        # One session shared by every client: no client's notification is its own to pass on.
+        return None

@@ -300,6 +300,13 @@ class HttpUpstream:
         with contextlib.suppress(httpx.HTTPError):
             await self._client.delete(self.url, headers=headers, timeout=5.0)
 
+    async def notify_session(self, upstream_session: Any, method: str) -> None:
+        if not isinstance(upstream_session, HttpUpstreamSession) or upstream_session.session_id is None:
+            return
+        headers = {**self._session_headers(upstream_session), "content-type": "application/json"}
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.post(self.url, headers=headers, json={"jsonrpc": "2.0", "method": method})
+
     # ------------------------------------------------------------------ session era
 
     async def _session_call_catalog(
