@@ -110,6 +110,25 @@ async def test_logging_arrives_at_the_clients_level(
 
 
 @pytest.mark.parametrize(("mode", "upstream_era"), PAIRINGS)
+async def test_a_client_that_asked_for_no_level_hears_its_eras_default(
+    tmp_path: Path, era_upstream_url: str, mode: str, upstream_era: str
+) -> None:
+    """Without a level, a session-era client hears every level and a 2026 client hears none."""
+    levels: list[str] = []
+
+    async def on_log(params: LoggingMessageNotificationParams) -> None:
+        levels.append(params.level)
+
+    async with (
+        gateway_for(tmp_path, era_upstream_url, upstream_era) as gateway,
+        gateway.client(mode=mode, logging_callback=on_log) as client,
+    ):
+        result = await client.call_tool("up__chatty", {})
+    assert text_of(result) == "logged"
+    assert levels == (["debug", "info", "warning", "error"] if mode == "legacy" else [])
+
+
+@pytest.mark.parametrize(("mode", "upstream_era"), PAIRINGS)
 async def test_sampling_elicitation_and_roots_reach_the_caller(
     tmp_path: Path, era_upstream_url: str, mode: str, upstream_era: str
 ) -> None:

@@ -10,6 +10,10 @@ keeps running in the background while the client is asked, parked under an
 unguessable ``requestState`` bound to the agent that made the call; the
 retry finds it, hands over the answers, and the call continues.
 
+The other direction is :func:`ask_mid_call`: an upstream that answers
+``input_required`` to a session-era client is served by asking that client
+over its back channel and sending the request again with the answers.
+
 Owns: the parked calls of one upstream, their bound (``PARK_TTL_S``) and
 their cancellation. A ``requestState`` is good once, for its own agent, at
 the replica that issued it; any other is refused with ``InputRoundUnknown``.
@@ -27,14 +31,23 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from bastion.errors import InputRoundUnknown, OutcomeUnknown
-from bastion.upstream.base import CallContext, CallRelay, ClientDeclined
+from bastion.errors import InputRoundUnknown, OutcomeUnknown, UpstreamProtocolError
+from bastion.upstream.base import CallContext, CallRelay, ClientDeclined, UpstreamReplied
 from bastion.upstream.relay import RequestRelay
 
-__all__ = ["PARK_TTL_S", "STATE_PREFIX", "InputRound", "ParkedRounds", "asks_in_rounds", "round_trip"]
+__all__ = [
+    "PARK_TTL_S",
+    "STATE_PREFIX",
+    "InputRound",
+    "ParkedRounds",
+    "ask_mid_call",
+    "asks_in_rounds",
+    "round_trip",
+]
 
 PARK_TTL_S = 120.0
 STATE_PREFIX = "bastion-rs."
+MAX_ROUNDS = 10
 _INPUT_METHODS = frozenset({"sampling/createMessage", "elicitation/create", "roots/list"})
 
 
@@ -220,7 +233,7 @@ async def round_trip(
         round_.answer(params.get("inputResponses"))
     else:
         round_ = InputRound(owner)
-        round_.wire = RequestRelay(round_, relay.client_token, log_level=ctx.log_level)
+        round_.wire = RequestRelay.for_call(ctx, round_)
         wire = round_.wire
         task_group.start_soon(round_.run, lambda: send(params, wire))
     round_.client = ctx.relay
@@ -233,3 +246,43 @@ async def round_trip(
     if asks_client:
         answer["requestState"] = parked.park(round_, task_group)
     return answer
+
+
+async def ask_mid_call(
+    send: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
+    params: dict[str, Any],
+    relay: RequestRelay,
+    ctx: CallContext,
+) -> dict[str, Any]:
+    """Send once; for a session-era client, serve ``input_required`` rounds by asking it mid-call.
+
+    The other direction of :func:`round_trip`: either era of upstream may answer
+    ``input_required`` (a 2026 tool, or a session-era server written that way); a
+    session-era client is asked over its back channel and the request is sent again
+    with the answers. A sessionless client gets the result as it is.
+
+    Raises:
+        UpstreamReplied: the client declined a question (its error, relayed).
+        UpstreamProtocolError: malformed input requests, or more than ``MAX_ROUNDS`` rounds.
+    """
+    for _ in range(MAX_ROUNDS):
+        result = await send(params)
+        if result.get("resultType") != "input_required" or not ctx.client_answers_requests:
+            return result
+        requests = result.get("inputRequests") or {}
+        if not isinstance(requests, dict):
+            raise UpstreamProtocolError("upstream sent malformed inputRequests")
+        responses: dict[str, Any] = {}
+        for key, request in requests.items():
+            if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+                raise UpstreamProtocolError("upstream sent a malformed input request")
+            try:
+                responses[key] = await relay.on_request(request["method"], request.get("params") or {})
+            except ClientDeclined as exc:
+                raise UpstreamReplied(exc.error) from exc
+        params = {**params, "inputResponses": responses}
+        if "requestState" in result:
+            params["requestState"] = result["requestState"]
+        else:
+            params.pop("requestState", None)
+    raise UpstreamProtocolError("upstream kept asking for input")

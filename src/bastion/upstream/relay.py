@@ -13,7 +13,7 @@ import itertools
 import logging
 from typing import Any
 
-from bastion.upstream.base import CallRelay, ClientDeclined
+from bastion.upstream.base import CallContext, CallRelay, ClientDeclined
 from bastion.upstream.era_paths import LOG_LEVELS
 
 __all__ = ["RequestRelay", "mint_upstream_token"]
@@ -41,6 +41,18 @@ class RequestRelay:
         if log_level is not None and log_level in LOG_LEVELS:
             quiet = LOG_LEVELS[: LOG_LEVELS.index(log_level)]
         self._quiet = frozenset(quiet)
+
+    @classmethod
+    def for_call(cls, ctx: CallContext, target: CallRelay | None = None) -> RequestRelay:
+        """The relay of one call to ``target`` (default: the client's own), with the levels it hears.
+
+        A sessionless client that asked for no level hears none (2026-07-28: absent means
+        none); a session-era client that set none hears every level (its era's default).
+        """
+        relay = cls(target if target is not None else ctx.relay, ctx.progress_token, log_level=ctx.log_level)
+        if ctx.log_level is None and not ctx.client_answers_requests:
+            relay._quiet = frozenset(LOG_LEVELS)
+        return relay
 
     def outbound_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` with the client's progress token replaced by this request's own token."""

@@ -394,7 +394,7 @@ class StdioUpstream:
 
     async def call(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
         await self._await_ready(ctx.timeout_s)
-        relay = RequestRelay(ctx.relay, ctx.progress_token, log_level=ctx.log_level)
+        relay = RequestRelay.for_call(ctx)
         try:
             with anyio.fail_after(ctx.timeout_s):
                 if asks_in_rounds(method, ctx) and self._task_group is not None:

@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,7 @@ from bastion.upstream.era_paths import (
     wants_session_path,
     with_log_level,
 )
-from bastion.upstream.input_rounds import ParkedRounds, asks_in_rounds, round_trip
+from bastion.upstream.input_rounds import ParkedRounds, ask_mid_call, asks_in_rounds, round_trip
 from bastion.upstream.relay import RequestRelay
 from bastion.upstream.sse import iter_sse_messages
 from bastion.upstream.taskgroups import single_exception
@@ -71,7 +71,6 @@ logger = logging.getLogger(__name__)
 
 _ACCEPT = "application/json, text/event-stream"
 _GATEWAY_INFO = {"name": "bastion", "version": __version__}
-_MAX_INPUT_ROUNDS = 10
 _SEND_FAILURES = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
@@ -259,11 +258,11 @@ class HttpUpstream:
                 await self._negotiate()
             except TimeoutError as exc:
                 raise UpstreamUnavailable(f"upstream {self.name} did not answer negotiation") from exc
-        relay = RequestRelay(ctx.relay, ctx.progress_token, log_level=ctx.log_level)
+        relay = RequestRelay.for_call(ctx)
         try:
             with anyio.fail_after(ctx.timeout_s):
                 if self.era is UpstreamEra.SESSIONLESS and not wants_session_path(self.speaks_session, ctx):
-                    result = await self._answer_input_rounds(
+                    result = await ask_mid_call(
                         lambda p: self._modern_request(method, p, relay, ctx.client_capabilities, ctx),
                         params,
                         relay,
@@ -280,7 +279,7 @@ class HttpUpstream:
                         lambda p, wire: self._session_call(method, p, wire, ctx),
                     )
                 else:
-                    result = await self._answer_input_rounds(
+                    result = await ask_mid_call(
                         lambda p: self._session_call(method, p, relay, ctx), params, relay, ctx
                     )
         except TimeoutError as exc:
@@ -451,40 +450,6 @@ class HttpUpstream:
             )
 
     # ------------------------------------------------------------------ sessionless era
-
-    async def _answer_input_rounds(
-        self,
-        send: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
-        params: dict[str, Any],
-        relay: RequestRelay,
-        ctx: CallContext,
-    ) -> dict[str, Any]:
-        """Send once; for a session-era client, serve "input required" rounds by asking it mid-call.
-
-        Either era of upstream may answer ``input_required`` (2026 tools written that way run
-        on session-era connections too). A sessionless client gets the result as it is.
-        """
-        for _ in range(_MAX_INPUT_ROUNDS):
-            result = await send(params)
-            if result.get("resultType") != "input_required" or not ctx.client_answers_requests:
-                return result
-            requests = result.get("inputRequests") or {}
-            if not isinstance(requests, dict):
-                raise UpstreamProtocolError(f"upstream {self.name} sent malformed inputRequests")
-            responses: dict[str, Any] = {}
-            for key, request in requests.items():
-                if not isinstance(request, dict) or not isinstance(request.get("method"), str):
-                    raise UpstreamProtocolError(f"upstream {self.name} sent a malformed input request")
-                try:
-                    responses[key] = await relay.on_request(request["method"], request.get("params") or {})
-                except ClientDeclined as exc:
-                    raise UpstreamReplied(exc.error) from exc
-            params = {**params, "inputResponses": responses}
-            if "requestState" in result:
-                params["requestState"] = result["requestState"]
-            else:
-                params.pop("requestState", None)
-        raise UpstreamProtocolError(f"upstream {self.name} kept asking for input")
 
     async def _modern_request(
         self,
