@@ -142,6 +142,7 @@ def create_app(
                     audit_isolation=gateway.audit_isolation,
                     serving=gateway.serving,
                     track_sessionless=gateway.sessionless_call,
+                    client_notified=gateway.pass_on_client_notification,
                     cut_cause=gateway.cut_cause,
                 )
                 state["admin"] = _admin_router(gateway)

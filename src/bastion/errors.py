@@ -15,6 +15,7 @@
     │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
     ├─ CallRefused            inside a call: HTTP 200 + JSON-RPC error in -32000…-32099
     │  ├─ UnknownTool   GrantDenied   InvalidCmcpEnvelope   ArgumentConstraintFailed   RateLimited
+│  ├─ InputRoundUnknown (a requestState this replica does not hold for this agent)
     │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
     │  └─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
@@ -50,6 +51,7 @@ __all__ = [
     "GrantDenied",
     "HeaderMismatch",
     "HostForbidden",
+    "InputRoundUnknown",
     "InvalidCmcpEnvelope",
     "InvalidParams",
     "InvalidRequest",
@@ -119,6 +121,7 @@ class Reason(enum.StrEnum):
     EXECUTION_IN_FLIGHT = "execution_in_flight"
     EXECUTION_REPLAY = "execution_replay"
     EXECUTION_ID_REQUIRED = "execution_id_required"
+    INPUT_ROUND_UNKNOWN = "input_round_unknown"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
@@ -335,6 +338,17 @@ class ArgumentConstraintFailed(CallRefused):
     reason = Reason.ARGUMENT_CONSTRAINT_FAILED
     jsonrpc_code = -32032
     default_message = "Arguments do not satisfy the grant's constraints"
+
+
+class InputRoundUnknown(CallRefused):
+    """A retry names a ``requestState`` this replica is not holding for this agent (issue #8).
+
+    Unknown, expired, already used, issued at another replica, or another agent's: one answer.
+    """
+
+    reason = Reason.INPUT_ROUND_UNKNOWN
+    jsonrpc_code = -32036
+    default_message = "Unknown or expired requestState: call the tool again without it"
 
 
 class RateLimited(CallRefused):

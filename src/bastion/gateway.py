@@ -689,6 +689,16 @@ class Gateway:
             await self._close_evidence(transport_session.evidence, CloseReason(reason))
         logger.info("transport session closed", extra={"reason": reason, "agent": transport_session.agent})
 
+    def pass_on_client_notification(self, transport_session: TransportSession, method: str) -> None:
+        """A session-era client's ``roots/list_changed`` reaches its own upstream sessions, and no other."""
+        if self._task_group is None:
+            return
+        for server in transport_session.upstream_sessions.servers():
+            upstream_session = transport_session.upstream_sessions.get(server)
+            upstream = self.fleet.upstreams.get(server)
+            if upstream is not None and upstream_session is not None:
+                self._task_group.start_soon(upstream.notify_session, upstream_session, method)
+
     async def broadcast_tools_changed(self, namespace: str) -> None:
         """Tell the client sessions that see ``namespace`` (their grants cover one of its tools)."""
         payload = dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})

@@ -106,8 +106,10 @@ class FrontDoor:
         serving: Callable[[], None],
         track_sessionless: Callable[[Principal, anyio.CancelScope], contextlib.AbstractContextManager[None]],
         cut_cause: Callable[[Principal], BastionError | None] = lambda principal: None,
+        client_notified: Callable[[TransportSession, str], None] | None = None,
     ) -> None:
         self._cut_cause = cut_cause
+        self._client_notified = client_notified
         self._track_sessionless = track_sessionless
         self._snapshot = snapshot
         self._authenticate = authenticate
@@ -288,6 +290,9 @@ class FrontDoor:
             transport_session=None,
             relay=None,
             evidence=evidence,
+            param_headers=Headers(
+                raw=[(k, v) for k, v in headers.raw if k.lower().startswith(b"mcp-param-")]
+            ),
         )
         try:
             # The request's evidence session closes, its claim issued, before the answer goes out:
@@ -396,6 +401,8 @@ class FrontDoor:
             call = transport_session.in_flight.get(request_id) if isinstance(request_id, str | int) else None
             if call is not None and call.method != "initialize":
                 call.cancel_scope.cancel()
+        elif message.method == "notifications/roots/list_changed" and self._client_notified is not None:
+            self._client_notified(transport_session, message.method)
 
     # ------------------------------------------------------------------ session era
 
