@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck unit bench clean
+.PHONY: serve test lint typecheck unit bench clean conformance
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,9 +24,15 @@ typecheck: $(STAMP)
 
 test: $(STAMP) lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider
+	$(MAKE) conformance
+
+# The official MCP conformance suite, direct vs through Bastion (tests/conformance/run.py).
+conformance: $(STAMP)
+	tests/conformance/install.sh
+	$(BIN)/python -m tests.conformance.run
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .conformance

@@ -69,3 +69,23 @@ def test_rotate_key_keeps_the_old_public_key(tmp_path: Path) -> None:
     assert reopened.key_id != old
     assert old in result.stdout and reopened.key_id in result.stdout
     assert reopened.verifying_key(old).key_id == old
+
+
+def test_serve_refuses_an_anonymous_agent_on_a_non_loopback_bind(tmp_path: Path) -> None:
+    """`bastion serve --host 0.0.0.0` with an anonymous agent exits 2 naming the agent; nothing is served."""
+    config = tmp_path / "anon.toml"
+    config.write_text('[servers.tools]\nurl = "http://127.0.0.1:9/mcp"\n\n[agents.suite]\nanonymous = true\n')
+    result = run(
+        "serve",
+        "--config",
+        str(config),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path / "d"),
+    )
+    assert result.returncode == 2
+    assert "agents.suite" in result.stderr and "loopback" in result.stderr
+    assert "Traceback" not in result.stderr

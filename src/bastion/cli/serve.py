@@ -18,6 +18,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from bastion.app import create_app
+from bastion.auth.anonymous import refuse_anonymous_off_loopback
 from bastion.auth.bearer import hash_token
 from bastion.errors import ConfigError
 from bastion.gateway import RuntimeOptions
@@ -55,6 +56,7 @@ def run_serve(
     try:
         if config is not None:
             snapshot = load_snapshot(config)
+            refuse_anonymous_off_loopback(snapshot, host)
             token_note = None
         else:
             demo_upstream, tools_url = _start_demo_upstream(data_dir)
