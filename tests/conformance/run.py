@@ -2,7 +2,8 @@
 
 Usage: ``python -m tests.conformance.run [--baseline FILE] [--write-baseline] [--only LABEL]``
 (after ``tests/conformance/install.sh``). For each fixture variant (with an event store, and
-without) it starts ``tests.fixtures.conformance_server`` and a ``bastion serve`` in front of it
+without) it starts ``tests.fixtures.conformance_server`` and ``bastion serve`` in front of it
+(with the upstream era negotiated, and for the event-store variant also pinned to the session era)
 (an anonymous loopback agent, the fixture as a transparent server: the suite sends no
 credential and calls the fixture's own tool names), then runs every pinned suite version and
 option twice: against the fixture's URL and against Bastion's. It prints one table per run
@@ -73,7 +74,13 @@ SUITE_RUNS = (
         ("--requirements", "2026-07-28", "--timeout", "15000"),
     ),
 )
-VARIANTS = ("event-store", "no-event-store")
+# (name, fixture flags, upstream eras Bastion is run with). "auto" is what a user gets: Bastion
+# negotiates, and the fixture speaks both eras; "session" pins the session-era upstream path
+# (priming events, stream resumption) against the fixture with an event store.
+SETUPS = (
+    ("event-store", ("--event-store",), ("auto", "session")),
+    ("no-event-store", (), ("auto",)),
+)
 
 # Issue 9 brings resources, prompts and completion through the gateway; until then these
 # scenarios are shown but not gated.
@@ -120,14 +127,20 @@ def _process(
                 process.wait()
 
 
-def _bastion_config(work: Path, upstream_url: str) -> Path:
+@contextmanager
+def _bastion(work: Path, upstream_url: str, era: str) -> Iterator[str]:
+    """``bastion serve`` in front of the fixture, as a user would configure it for the suite."""
+    work.mkdir(parents=True)
     config = work / "bastion.toml"
     config.write_text(
         "# The conformance suite sends no credential and calls the fixture's own tool names.\n"
         "[agents.conformance-suite]\nanonymous = true\n\n"
-        f'[servers.fixture]\nurl = "{upstream_url}"\ntransparent = true\n'
+        f'[servers.fixture]\nurl = "{upstream_url}"\ntransparent = true\nera = "{era}"\n'
     )
-    return config
+    argv = [sys.executable, "-m", "bastion.cli.main", "serve", "--config", str(config), "--host", "127.0.0.1"]
+    argv += ["--port", "0", "--data-dir", str(work / "data"), "--log-level", "warning"]
+    with _process(argv, "BASTION READY", work / "bastion.log") as url:
+        yield url
 
 
 def _run_suite(run: SuiteRun, url: str, out: Path) -> Counts:
@@ -208,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-baseline", action="store_true")
     parser.add_argument("--only", help="run only suite runs whose label contains this")
     parser.add_argument("--json-out", type=Path, help="write every count here")
+    parser.add_argument(
+        "--keep", type=Path, help="keep logs and the suite's checks.json files in this (new) folder"
+    )
     args = parser.parse_args(argv)
     if not NODE.exists():
         print("conformance: not installed; run tests/conformance/install.sh", file=sys.stderr)
@@ -217,39 +233,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, dict[str, Counts]] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bastion-conformance-") as tmp:
-        work = Path(tmp)
-        for variant in VARIANTS:
-            fixture_argv = [sys.executable, "-m", "tests.fixtures.conformance_server", "--port", "0"]
-            if variant == "event-store":
-                fixture_argv.append("--event-store")
-            with _process(fixture_argv, "LISTENING", work / f"fixture-{variant}.log") as fixture_url:
-                config = _bastion_config(
-                    work / variant if (work / variant).mkdir() is None else work, fixture_url
-                )
-                bastion_argv = [
-                    sys.executable,
-                    "-m",
-                    "bastion.cli.main",
-                    "serve",
-                    "--config",
-                    str(config),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "0",
-                    "--data-dir",
-                    str(work / variant / "data"),
-                    "--log-level",
-                    "warning",
-                ]
-                with _process(bastion_argv, "BASTION READY", work / f"bastion-{variant}.log") as bastion_url:
-                    for run in runs:
-                        key = f"{run.label} [{variant}]"
-                        direct = _run_suite(run, fixture_url, work / "out" / key / "direct")
-                        through = _run_suite(run, bastion_url, work / "out" / key / "through")
-                        report[key] = {"direct": direct, "through": through}
-                        print("\n".join(_table(key, direct, through)), flush=True)
-                        found[key] = shortfalls(direct, through)
+        work = Path(tmp) if args.keep is None else args.keep
+        work.mkdir(parents=True, exist_ok=args.keep is None)
+        for name, fixture_flags, eras in SETUPS:
+            fixture_argv = [
+                sys.executable,
+                "-m",
+                "tests.fixtures.conformance_server",
+                "--port",
+                "0",
+                *fixture_flags,
+            ]
+            with _process(fixture_argv, "LISTENING", work / f"fixture-{name}.log") as fixture_url:
+                direct_by_run: dict[str, Counts] = {}
+                for era in eras:
+                    label = name if era == "auto" else f"{name}, upstream era {era}"
+                    with _bastion(work / label, fixture_url, era) as bastion_url:
+                        for run in runs:
+                            key = f"{run.label} [{label}]"
+                            if run.label not in direct_by_run:
+                                direct_by_run[run.label] = _run_suite(
+                                    run, fixture_url, work / "out" / key / "direct"
+                                )
+                            direct = direct_by_run[run.label]
+                            through = _run_suite(run, bastion_url, work / "out" / key / "through")
+                            report[key] = {"direct": direct, "through": through}
+                            print("\n".join(_table(key, direct, through)), flush=True)
+                            found[key] = shortfalls(direct, through)
     print(f"conformance: {len(report)} runs in {time.monotonic() - started:.0f} s")
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(report, indent=2, sort_keys=True))
@@ -257,10 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only is not None:
         baseline = {k: v for k, v in baseline.items() if k in found}
     if args.write_baseline:
-        if baseline:  # may only shrink: never record more than the file already allows
-            found = {
-                k: {s: min(n, baseline.get(k, {}).get(s, 0)) for s, n in v.items()} for k, v in found.items()
-            }
+        # May only shrink: a run the file already records never gets more than it allows; a run
+        # it has never seen (a new suite option or setup) starts from what it finds.
+        found = {
+            k: {s: min(n, baseline[k].get(s, 0)) for s, n in v.items()} if k in baseline else v
+            for k, v in found.items()
+        }
         args.baseline.write_text(
             json.dumps({k: v for k, v in sorted(found.items()) if v}, indent=2, sort_keys=True) + "\n"
         )
