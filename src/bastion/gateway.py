@@ -54,7 +54,7 @@ from bastion.session.registry import SessionRegistry
 from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
-from bastion.store.sqlite import SqliteStore
+from bastion.store.select import open_store
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.workers.attachment import (
@@ -83,6 +83,8 @@ class RuntimeOptions:
     """Process-level settings that are not policy: where state lives and how this worker is fenced."""
 
     data_dir: Path
+    # A PostgreSQL URL (``store/select.py``); ``None``: the SQLite file in ``data_dir``.
+    store_url: str | None = None
     generation: str = "gateway-0"
     lease_s: float = 10.0
     heartbeat_s: float = 2.0
@@ -204,7 +206,7 @@ class Gateway:
         self._task_group = task_group
         options = self.options
         options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        store: Store = await SqliteStore.open(options.data_dir / "bastion.db")
+        store: Store = await open_store(options.store_url, options.data_dir)
         if options.store_factory is not None:
             store = options.store_factory(store)
         self.store = store
