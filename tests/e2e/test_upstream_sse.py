@@ -11,41 +11,23 @@ and the client gets the answer, as if nothing had dropped.
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
-import httpx2
 import pytest
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.types import TextContent
 
-from bastion.app import create_app
-from bastion.auth.bearer import hash_token
-from bastion.gateway import RuntimeOptions
-from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
-from tests.e2e.conftest import TOKENS, _stop
+from tests.e2e.upstream_support import client_through_bastion, listening_upstream, text_of
 
 pytestmark = pytest.mark.anyio
 
 
-@contextlib.contextmanager
-def _fixture_server(*extra: str) -> Iterator[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.fixtures.conformance_server", "--port", "0", *extra],
-        stdout=subprocess.PIPE,
-        text=True,
+def _fixture_server(*flags: str) -> contextlib.AbstractContextManager[str]:
+    return listening_upstream(
+        [sys.executable, "-m", "tests.fixtures.conformance_server", "--port", "0", *flags]
     )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.startswith("LISTENING "), f"fixture did not start: {line!r}"
-        yield line.split()[1]
-    finally:
-        _stop(process)
 
 
 @pytest.fixture(scope="module")
@@ -60,26 +42,10 @@ def without_event_store() -> Iterator[str]:
         yield url
 
 
-@contextlib.asynccontextmanager
-async def _client_through_bastion(tmp_path: Path, upstream_url: str, era: str) -> AsyncIterator[Client]:
-    config = {
-        "servers": {"fx": {"url": upstream_url, "era": era}},
-        "agents": {"alice": {"token_sha256": hash_token(TOKENS["alice"])}},
-    }
-    app = create_app(
-        snapshot_from_mapping(config, source=None, version="t"), RuntimeOptions(data_dir=tmp_path / "d")
-    )
-    async with (
-        serve_on_loopback(app) as url,
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKENS['alice']}"}, timeout=30) as http,
-        Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
-    ):
-        yield client
-
-
-def _text(result: object) -> str:
-    content = getattr(result, "content", [])
-    return " ".join(block.text for block in content if isinstance(block, TextContent))
+def _client_through_bastion(
+    tmp_path: Path, upstream_url: str, era: str
+) -> AbstractAsyncContextManager[Client]:
+    return client_through_bastion(tmp_path, "fx", upstream_url, era)
 
 
 @pytest.mark.parametrize("era", ["session", "sessionless"])
@@ -106,7 +72,7 @@ async def test_a_stream_the_upstream_closes_mid_call_is_resumed_with_last_event_
     async with _client_through_bastion(tmp_path, with_event_store, "session") as client:
         result = await client.call_tool("fx__test_reconnection", {})
     assert result.is_error is False
-    assert _text(result) == "Reconnection test completed"
+    assert text_of(result) == "Reconnection test completed"
 
 
 @pytest.mark.parametrize("era", ["session", "sessionless"])
@@ -116,7 +82,7 @@ async def test_an_upstream_without_an_event_store_answers_as_before(
     """Without an event store there is no priming event and nothing to resume; calls answer as before."""
     async with _client_through_bastion(tmp_path, without_event_store, era) as client:
         assert (
-            _text(await client.call_tool("fx__test_simple_text", {}))
+            text_of(await client.call_tool("fx__test_simple_text", {}))
             == "This is a simple text response for testing."
         )
-        assert _text(await client.call_tool("fx__test_reconnection", {})) == "Reconnection test completed"
+        assert text_of(await client.call_tool("fx__test_reconnection", {})) == "Reconnection test completed"
