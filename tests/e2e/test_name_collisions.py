@@ -70,3 +70,29 @@ async def test_a_list_changed_that_introduces_a_held_name_is_refused_and_reporte
     text = result.content[0]
     assert isinstance(text, TextContent) and "still the tools server" in text.text
     assert gateway.gateway.fleet.lookup("notes___echo").server == "tools"  # type: ignore[union-attr]
+
+
+async def test_names_left_out_stay_reported_when_another_server_refreshes(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
+    """A tool left out for its name stays in /readyz when a server whose namespace prefixes it refreshes."""
+    config = _config(tmp_path, tools_upstream.url)
+    config["servers"]["tools"]["namespace"] = "n"  # a prefix of "notes"
+    snapshot = snapshot_from_mapping(config, source=None, version="t")
+    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))
+    async with serve_on_loopback(app) as url:
+        gateway = RunningGateway(url, app.state.gateway, tmp_path)
+        changed = anyio.Event()
+
+        async def on_message(message: Any) -> None:
+            if getattr(message, "method", None) == "notifications/tools/list_changed":
+                changed.set()
+
+        async with gateway.client(message_handler=on_message) as client:
+            await client.call_tool("notes__grow", {"name": "bad.name"})
+            with anyio.fail_after(15):
+                await changed.wait()
+        fleet = gateway.gateway.fleet
+        assert fleet.skipped_tools == ["notes__bad.name"]
+        await fleet.refresh_server("tools")
+        assert fleet.skipped_tools == ["notes__bad.name"]

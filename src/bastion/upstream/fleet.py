@@ -60,6 +60,7 @@ class UpstreamFleet:
         self._tools_by_server: dict[str, list[ToolEntry]] = {name: [] for name in self.upstreams}
         self._catalog: Mapping[str, ToolEntry] = MappingProxyType({})
         self.skipped_tools: list[str] = []
+        self._skipped_by_server: dict[str, list[str]] = {}
         # Tools left out because another server holds their exposed name (never shadowed).
         self.tool_collisions: list[Collision] = []
         self._refresh_lock = anyio.Lock()
@@ -142,9 +143,10 @@ class UpstreamFleet:
             if self.tool_collisions:
                 logger.warning("tool names collide, the newcomers are left out: %s", self.tool_collisions)
             self._catalog = MappingProxyType(merged)
-            self.skipped_tools = [
-                s for s in self.skipped_tools if not s.startswith(upstream.namespace)
-            ] + skipped
+            # Per server: a prefix test would mix up namespaces `notes` and `notes_`, and a
+            # transparent server's names have no prefix at all.
+            self._skipped_by_server[name] = skipped
+            self.skipped_tools = [tool for tools in self._skipped_by_server.values() for tool in tools]
 
     async def _list_changed(self, server: str) -> None:
         await self.refresh_server(server)
