@@ -116,7 +116,9 @@ def _process(
                     url = line.split()[-1]
                     break
             if url is None:
-                raise RuntimeError(f"{argv[2] if len(argv) > 2 else argv[0]} did not start; see {log}")
+                sink.flush()
+                tail = "".join(log.read_text().splitlines(keepends=True)[-20:])
+                raise RuntimeError(f"{' '.join(argv[:4])} did not start; its log ends:\n{tail}")
             yield url
         finally:
             process.terminate()
