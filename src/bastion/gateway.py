@@ -658,6 +658,13 @@ class Gateway:
             if candidate.auth != current.auth:
                 # Credentials checked at start (OAuth verifier, admin token) must not half-change.
                 raise ConfigError(f"{current.source}: [auth] changed; restart the gateway to apply it")
+            if {a.name for a in candidate.agents if a.anonymous} != {
+                a.name for a in current.agents if a.anonymous
+            }:
+                # Only `bastion serve` knows the bind, so only a start may admit an anonymous agent.
+                raise ConfigError(
+                    f"{current.source}: the anonymous agent changed; restart the gateway to apply it"
+                )
             return candidate
 
         self.policy.reload(loader, source=current.source)
@@ -747,6 +754,7 @@ class Gateway:
             "transport_sessions": len(self.registry),
             "upstreams": upstreams,
             "skipped_tools": list(self.fleet.skipped_tools),
+            "tool_collisions": [c.describe() for c in self.fleet.tool_collisions],
             "store": {
                 "degraded": self.health.degraded,
                 "reason": self.health.degraded_reason,
