@@ -44,7 +44,7 @@ async def test_readyz_detail_is_for_the_admin_and_names_each_dead_upstreams_caus
         "gateway": {"upstream_timeout_s": 5.0},
         "servers": {
             "gone": {"url": f"http://127.0.0.1:{_closed_port()}/mcp"},
-            "dies": {"command": sys.executable, "args": ["-c", _DIES], "timeout_s": 1.0},
+            "dies": {"command": sys.executable, "args": ["-c", _DIES], "timeout_s": 5.0},
         },
         "agents": {"alice": {"token_sha256": hash_token(TOKENS["alice"])}},
         "auth": auth_table(),
