@@ -7,7 +7,7 @@
     ├─ RequestRejected        before dispatch: HTTP status + JSON-RPC error, id null or the request's id
     │  ├─ ParseError (-32700, 400)   InvalidRequest (-32600, 400)   BodyTooLarge (-32600, 413)
     │  ├─ MethodNotFound (-32601, 200)   InvalidParams (-32602, 200)
-    │  ├─ OriginForbidden (403)   NotAcceptable (406)   UnsupportedMediaType (415)
+    │  ├─ OriginForbidden (403)   HostForbidden (421)   NotAcceptable (406)   UnsupportedMediaType (415)
     │  ├─ SessionIdMissing (400)   SessionNotFound (404)
     │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)
     │  ├─ UnsupportedProtocolVersion (-32022, 400)
@@ -49,6 +49,7 @@ __all__ = [
     "GenerationHeld",
     "GrantDenied",
     "HeaderMismatch",
+    "HostForbidden",
     "InvalidCmcpEnvelope",
     "InvalidParams",
     "InvalidRequest",
@@ -92,6 +93,7 @@ class Reason(enum.StrEnum):
     METHOD_NOT_FOUND = "method_not_found"
     INVALID_PARAMS = "invalid_params"
     ORIGIN_FORBIDDEN = "origin_forbidden"
+    HOST_FORBIDDEN = "host_forbidden"
     NOT_ACCEPTABLE = "not_acceptable"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     SESSION_ID_MISSING = "session_id_missing"
@@ -205,6 +207,14 @@ class OriginForbidden(RequestRejected):
     reason = Reason.ORIGIN_FORBIDDEN
     http_status = 403
     default_message = "Origin not allowed"
+
+
+class HostForbidden(RequestRejected):
+    """A ``Host`` header this gateway does not answer to (DNS rebinding); 421 as the MCP SDK answers."""
+
+    reason = Reason.HOST_FORBIDDEN
+    http_status = 421
+    default_message = "Misdirected Request: Host not allowed"
 
 
 class NotAcceptable(RequestRejected):

@@ -35,6 +35,18 @@ def test_serve_refuses_a_bad_config_at_start(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_serve_off_loopback_needs_allowed_hosts(tmp_path: Path) -> None:
+    """`bastion serve --host 0.0.0.0` without gateway.allowed_hosts exits 2: no unsafe default."""
+    good = tmp_path / "good.toml"
+    good.write_text('[servers.tools]\nurl = "http://127.0.0.1:9/mcp"\n')
+    result = run(
+        "serve", "--config", str(good), "--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path)
+    )
+    assert result.returncode == 2
+    assert "gateway.allowed_hosts" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_check_config_accepts_a_good_file(tmp_path: Path) -> None:
     """A valid file is accepted and its version printed."""
     good = tmp_path / "good.toml"

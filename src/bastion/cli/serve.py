@@ -21,6 +21,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from bastion.app import create_app
+from bastion.audit.recorder import MIN_MAX_ENTRIES
 from bastion.auth.bearer import hash_token
 from bastion.children import guarded_command
 from bastion.errors import ConfigError
@@ -29,6 +30,7 @@ from bastion.logs import configure_logging
 from bastion.policy.load import load_snapshot, snapshot_from_mapping
 from bastion.policy.snapshot import Snapshot
 from bastion.store.select import choose_store_url, describe_store
+from bastion.transport.rebinding import is_loopback
 
 __all__ = ["EXIT_START_REFUSED", "EXIT_SUPERSEDED", "run_serve"]
 
@@ -54,8 +56,12 @@ def run_serve(
     evidence_max_age_s: float = 3600.0,
     store: str | None = None,
 ) -> int:
-    if not 0 < heartbeat_s < lease_s or evidence_max_entries < 4 or evidence_max_age_s <= 0:
-        print("bastion: need 0 < --heartbeat-s < --lease-s and sane evidence bounds", file=sys.stderr)
+    if not 0 < heartbeat_s < lease_s or evidence_max_entries < MIN_MAX_ENTRIES or evidence_max_age_s <= 0:
+        print(
+            f"bastion: need 0 < --heartbeat-s < --lease-s, --evidence-max-entries >= {MIN_MAX_ENTRIES}"
+            " and a positive --evidence-max-age-s",
+            file=sys.stderr,
+        )
         return 2
     configure_logging(log_level)
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -82,6 +88,11 @@ def run_serve(
         _stop(demo_upstream)
         return 2
     logger.info("store", extra={"store": describe_store(store_url, data_dir)})
+    if not is_loopback(host) and not snapshot.gateway.allowed_hosts:
+        # DNS-rebinding protection has no safe default off loopback: the operator names the hosts.
+        print(f"bastion: --host {host} is not loopback; set gateway.allowed_hosts", file=sys.stderr)
+        _stop(demo_upstream)
+        return 2
     try:
         options = RuntimeOptions(
             data_dir=data_dir,
