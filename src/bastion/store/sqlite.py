@@ -75,6 +75,7 @@ from bastion.store.base import (
     WorkerRecord,
 )
 from bastion.store.migrations import SQLITE_MIGRATIONS
+from bastion.store.replicas_sqlite import SqliteReplicaRecords
 
 __all__ = ["SqliteStore", "apply_migrations"]
 
@@ -85,7 +86,7 @@ _BINDING_RULE = re.compile(r"[0-9a-f]{64}")
 _DIGEST_RULE = _BINDING_RULE
 
 
-class SqliteStore:
+class SqliteStore(SqliteReplicaRecords):
     """The store on one SQLite file. Build it with :meth:`open`; end it with :meth:`aclose`."""
 
     def __init__(

@@ -37,6 +37,7 @@ from bastion.store.base import (
     Store,
     WorkerRecord,
 )
+from bastion.testing.replicas_passthrough import ReplicaRecordsPassthrough
 
 __all__ = ["FailPoint", "FailWhen", "FaultyStore"]
 
@@ -67,7 +68,7 @@ FailPoint = Literal[
 FailWhen = Literal["before_commit", "after_commit"]
 
 
-class FaultyStore:
+class FaultyStore(ReplicaRecordsPassthrough):
     """Wraps ``inner`` and makes ``fail_at`` raise :class:`NotDurable` ``times`` times."""
 
     def __init__(

@@ -16,6 +16,7 @@ from bastion.store.migrations import (
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
     sqlite_0004_worker_registry,
+    sqlite_0005_replicas,
 )
 
 __all__ = ["SQLITE_MIGRATIONS", "Migration"]
@@ -33,6 +34,7 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "recovery_indexes", sqlite_0002_recovery_indexes.STATEMENTS),
     Migration(3, "agent_sessions", sqlite_0003_agent_sessions.STATEMENTS),
     Migration(4, "worker_registry", sqlite_0004_worker_registry.STATEMENTS),
+    Migration(5, "replicas", sqlite_0005_replicas.STATEMENTS),
 )
 
 # The list is dense and ordered: migration n sits at index n - 1.
