@@ -50,7 +50,7 @@ from bastion.policy.decide import RateLimiter, visible_tools
 from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
 from bastion.policy.snapshot import Snapshot
-from bastion.propagation.feed import PollingChangeFeed
+from bastion.propagation.feed import PollingChangeFeed, notifications_for
 from bastion.propagation.follower import ReplicaFollower
 from bastion.propagation.policy_status import read_fleet_policy, report_policy
 from bastion.session.registry import SessionRegistry
@@ -59,7 +59,7 @@ from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
 from bastion.store.replicas import ChangeKind
-from bastion.store.sqlite import SqliteStore
+from bastion.store.select import open_store
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.workers.attachment import (
@@ -93,6 +93,8 @@ class RuntimeOptions:
     """Process-level settings that are not policy: where state lives and how this worker is fenced."""
 
     data_dir: Path
+    # A PostgreSQL URL (``store/select.py``); ``None``: the SQLite file in ``data_dir``.
+    store_url: str | None = None
     generation: str = "gateway-0"
     lease_s: float = 10.0
     heartbeat_s: float = 2.0
@@ -218,7 +220,7 @@ class Gateway:
         self._task_group = task_group
         options = self.options
         options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        store: Store = await SqliteStore.open(options.data_dir / "bastion.db")
+        store: Store = await open_store(options.store_url, options.data_dir)
         if options.store_factory is not None:
             store = options.store_factory(store)
         self.store = store
@@ -586,6 +588,9 @@ class Gateway:
             await feed.follow(follower.apply)
 
         task_group.start_soon(follow)
+        listen = notifications_for(store)
+        if listen is not None:
+            task_group.start_soon(listen, feed.nudge)
         task_group.start_soon(self._flush_touches)
         task_group.start_soon(self._report_policy)
 

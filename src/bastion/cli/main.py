@@ -24,6 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--data-dir", type=Path, default=Path(".bastion"))
+    serve.add_argument(
+        "--store", help="a postgresql:// URL (default: $BASTION_STORE, [store] url, or <data-dir>/bastion.db)"
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--generation", default="gateway-0", help="this replica's slot (unique per replica)")
     serve.add_argument("--unsafe-no-audit", action="store_true", help="benchmarks only: no audit chain")
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat_s=args.heartbeat_s,
             evidence_max_entries=args.evidence_max_entries,
             evidence_max_age_s=args.evidence_max_age_s,
+            store=args.store,
         )
     if args.command == "check-config":
         from bastion.errors import ConfigError

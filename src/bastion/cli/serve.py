@@ -24,6 +24,7 @@ from bastion.gateway import RuntimeOptions
 from bastion.logs import configure_logging
 from bastion.policy.load import load_snapshot, snapshot_from_mapping
 from bastion.policy.snapshot import Snapshot
+from bastion.store.select import choose_store_url, describe_store
 
 __all__ = ["run_serve"]
 
@@ -45,6 +46,7 @@ def run_serve(
     heartbeat_s: float = 2.0,
     evidence_max_entries: int = 10_000,
     evidence_max_age_s: float = 3600.0,
+    store: str | None = None,
 ) -> int:
     if not 0 < heartbeat_s < lease_s or evidence_max_entries < 4 or evidence_max_age_s <= 0:
         print("bastion: need 0 < --heartbeat-s < --lease-s and sane evidence bounds", file=sys.stderr)
@@ -66,8 +68,16 @@ def run_serve(
         _stop(demo_upstream)
         return 2
     try:
+        store_url = choose_store_url(store, os.environ, snapshot.store_url)
+    except ConfigError as exc:
+        print(f"bastion: {exc.message}", file=sys.stderr)
+        _stop(demo_upstream)
+        return 2
+    logger.info("store", extra={"store": describe_store(store_url, data_dir)})
+    try:
         options = RuntimeOptions(
             data_dir=data_dir,
+            store_url=store_url,
             generation=generation,
             unsafe_no_audit=unsafe_no_audit,
             lease_s=lease_s,

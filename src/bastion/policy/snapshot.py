@@ -164,6 +164,8 @@ class Snapshot:
     # Namespaces an agent or team requires attached before a mutating call (DESIGN section 6).
     requirements: NamespaceRequirements = field(default_factory=NamespaceRequirements)
     grants: tuple[Grant, ...] = ()
+    # ``[store] url``: read once at start (a reload never moves the store); may hold a password.
+    store_url: str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "servers", MappingProxyType(dict(self.servers)))

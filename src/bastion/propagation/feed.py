@@ -21,15 +21,15 @@ passed; a store read that fails is retried at the next tick.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 import anyio
 
 from bastion.errors import StoreError
 from bastion.store.replicas import Change, ReplicaRecords
 
-__all__ = ["POLL_INTERVAL_S", "ChangeFeed", "PollingChangeFeed"]
+__all__ = ["POLL_INTERVAL_S", "ChangeFeed", "PollingChangeFeed", "notifications_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,21 @@ POLL_INTERVAL_S = 0.25
 _BATCH = 500
 
 ApplyChange = Callable[[Change], Awaitable[None]]
+
+
+def notifications_for(store: object) -> Callable[[Callable[[], None]], Coroutine[Any, Any, None]] | None:
+    """The engine's notification listener (PostgreSQL ``LISTEN``), or ``None`` where there is none."""
+    if type(store).__module__ != "bastion.store.postgres":
+        return None  # SQLite, or a wrapping test store: the poll alone keeps the bound
+    from bastion.store.postgres import PostgresStore
+    from bastion.store.postgres_listen import listen_for_changes
+
+    assert isinstance(store, PostgresStore)
+
+    async def listen(nudge: Callable[[], None]) -> None:
+        await listen_for_changes(store, nudge)
+
+    return listen
 
 
 class ChangeFeed(Protocol):

@@ -37,6 +37,7 @@ from bastion.store.base import (
     Store,
     WorkerRecord,
 )
+from bastion.store.token_buckets import BucketTake, TokensRefused
 from bastion.testing.replicas_passthrough import ReplicaRecordsPassthrough
 
 __all__ = ["FailPoint", "FailWhen", "FaultyStore"]
@@ -404,6 +405,14 @@ class FaultyStore(ReplicaRecordsPassthrough):
         return await self._guard(
             "renew_credential", lambda: self.inner.renew_credential(old_credential_id, new_digest, now=now)
         )
+
+    # ------------------------------------------------------------ rate-limit token buckets (pass through)
+
+    async def take_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> TokensRefused | None:
+        return await self.inner.take_tokens(buckets, now=now)
+
+    async def prune_token_buckets(self, *, now: datetime) -> int:
+        return await self.inner.prune_token_buckets(now=now)
 
 
 def _conforms(store: FaultyStore) -> Store:

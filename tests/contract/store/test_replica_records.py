@@ -143,11 +143,12 @@ async def test_published_changes_come_back_in_order_after_a_cursor(
 
 
 async def test_pruning_never_hands_a_seq_out_twice(store: Store, writer: Writer) -> None:
-    """After old changes are pruned, a new change still gets a higher seq than any before it."""
-    seq = await store.publish_change(ChangeKind.POLICY_RELOADED, "v1", None, origin=writer.worker)
+    """Pruning keeps only the newest change (the feed's head); a new change still gets a higher seq."""
+    await store.publish_change(ChangeKind.POLICY_RELOADED, "v1", None, origin=writer.worker)
+    seq = await store.publish_change(ChangeKind.POLICY_RELOADED, "v2", None, origin=writer.worker)
     assert await store.prune_changes(NOW + timedelta(days=3650)) >= 1
-    assert await store.changes_after(0) == []
-    assert await store.publish_change(ChangeKind.POLICY_RELOADED, "v2", None, origin=writer.worker) > seq
+    assert [c.seq for c in await store.changes_after(0)] == [seq] and await store.latest_change() == seq
+    assert await store.publish_change(ChangeKind.POLICY_RELOADED, "v3", None, origin=writer.worker) > seq
 
 
 async def test_policy_reports_keep_each_workers_latest(store: Store, writer: Writer) -> None:
