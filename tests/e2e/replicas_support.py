@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import psycopg
 import pytest
 
 from bastion.auth.bearer import hash_token
@@ -31,7 +32,7 @@ from tests.e2e.conftest import TOKENS
 from tests.e2e.issue4_support import auth_table, toml_dumps
 from tests.e2e.test_workers_e2e import REPO, GatewayProcess, _stop, gateway_process
 
-__all__ = ["NGINX", "Fleet", "replica_fleet", "store_rows", "write_fleet_config"]
+__all__ = ["NGINX", "Fleet", "replica_fleet", "write_fleet_config"]
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 DEPLOY_CONF = REPO / "deploy" / "nginx" / "bastion.conf"
@@ -58,10 +59,18 @@ class Fleet:
     url: str  # nginx's /mcp
     access_log: Path
     data_dir: Path
+    store_url: str | None  # PostgreSQL; None: the SQLite file in data_dir
 
-    @property
-    def db_path(self) -> Path:
-        return self.data_dir / "bastion.db"
+    def rows(self, query: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Rows of ``query`` (``?`` placeholders) from the shared store, read outside the gateways."""
+        if self.store_url is not None:
+            with psycopg.connect(self.store_url, autocommit=True) as conn:
+                return [tuple(r) for r in conn.execute(query.replace("?", "%s"), args).fetchall()]
+        conn = sqlite3.connect(f"file:{self.data_dir / 'bastion.db'}?mode=ro", uri=True, timeout=10)
+        try:
+            return conn.execute(query, args).fetchall()
+        finally:
+            conn.close()
 
     def served_by(self) -> list[str]:
         """The replica address of every proxied request so far, in order (from nginx's access log)."""
@@ -130,8 +139,12 @@ async def _until_listening(port: int, process: anyio.abc.Process, error_log: Pat
 
 
 @contextlib.asynccontextmanager
-async def replica_fleet(tmp_path: Path, config: Path) -> AsyncIterator[Fleet]:
-    """Three replicas on one data dir and nginx in front; everything stopped on exit."""
+async def replica_fleet(tmp_path: Path, config: Path, store_url: str | None) -> AsyncIterator[Fleet]:
+    """Three replicas on one store and nginx in front; everything stopped on exit.
+
+    The replicas find a PostgreSQL ``store_url`` in ``BASTION_STORE`` (the caller sets it in the
+    environment they inherit); without one they share the SQLite file of one data dir.
+    """
     if NGINX is None:
         pytest.fail("nginx is not installed (.ci/run installs Debian's nginx)")
     data_dir = tmp_path / "data"
@@ -149,13 +162,5 @@ async def replica_fleet(tmp_path: Path, config: Path) -> AsyncIterator[Fleet]:
         nginx = await anyio.open_process([NGINX, "-p", str(prefix), "-c", str(conf)], cwd=prefix)
         stack.push_async_callback(_stop, nginx)
         await _until_listening(listen, nginx, prefix / "logs" / "error.log")
-        yield Fleet(replicas, f"http://127.0.0.1:{listen}/mcp", prefix / "logs" / "access.log", data_dir)
-
-
-def store_rows(db_path: Path, query: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Rows of ``query`` from the shared store file, opened read-only."""
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)
-    try:
-        return conn.execute(query, args).fetchall()
-    finally:
-        conn.close()
+        access_log = prefix / "logs" / "access.log"
+        yield Fleet(replicas, f"http://127.0.0.1:{listen}/mcp", access_log, data_dir, store_url)

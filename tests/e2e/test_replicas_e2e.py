@@ -37,7 +37,7 @@ from tests.e2e.issue4_support import (
     rpc,
     tool_call,
 )
-from tests.e2e.replicas_support import Fleet, replica_fleet, store_rows, write_fleet_config
+from tests.e2e.replicas_support import Fleet, replica_fleet, write_fleet_config
 from tests.e2e.test_workers_e2e import (  # noqa: F401 - holding_upstream is a fixture
     TAKEOVER_TIMEOUT_S,
     HoldingUpstream,
@@ -49,10 +49,21 @@ pytestmark = pytest.mark.anyio
 WAIT_S = 30.0
 
 
-@pytest.fixture
-async def fleet(tmp_path: Path, holding_upstream: HoldingUpstream) -> AsyncIterator[Fleet]:  # noqa: F811
+@pytest.fixture(params=["sqlite", "postgres"])
+async def fleet(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    holding_upstream: HoldingUpstream,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[Fleet]:
+    """Three replicas behind nginx, on the SQLite file of one data dir or on one PostgreSQL schema."""
     config = write_fleet_config(tmp_path / "gateway.toml", holding_upstream.url)
-    async with replica_fleet(tmp_path, config) as running:
+    store_url = request.getfixturevalue("postgres_url") if request.param == "postgres" else None
+    if store_url is not None:
+        monkeypatch.setenv("BASTION_STORE", store_url)  # inherited by the three bastion serve processes
+    else:
+        monkeypatch.delenv("BASTION_STORE", raising=False)
+    async with replica_fleet(tmp_path, config, store_url) as running:
         yield running
 
 
@@ -68,7 +79,7 @@ def text_of(result: Any) -> str:
 
 def outcomes_of(fleet: Fleet, tool: str) -> list[tuple[str | None, str | None]]:
     """(outcome, reason) of every audit entry that recorded an outcome for ``tool`` (the upstream's name)."""
-    rows = store_rows(fleet.db_path, "SELECT entry FROM entries ORDER BY session_id, seq")
+    rows = fleet.rows("SELECT entry FROM entries ORDER BY session_id, seq")
     entries = [json.loads(row[0]) for row in rows]
     return [(e["outcome"], e["reason"]) for e in entries if e.get("tool") == tool and e.get("outcome")]
 
@@ -128,10 +139,10 @@ async def test_one_session_era_client_is_served_by_every_replica(
         assert await until(lambda: ("outcome_unknown", "cancelled") in outcomes_of(fleet, "hold"))
         still = await client.call_tool("work__echo", {"text": "after the cancel"})
         assert text_of(still) == "after the cancel"
-        keys = store_rows(fleet.db_path, "SELECT key FROM transport_sessions WHERE terminated_at IS NULL")
+        keys = fleet.rows("SELECT key FROM transport_sessions WHERE terminated_at IS NULL")
         assert len(keys) == 1, keys
     # The SDK ended the session with DELETE on exit: it is terminated in the store, for every replica.
-    [(reason,)] = store_rows(fleet.db_path, "SELECT terminate_reason FROM transport_sessions")
+    [(reason,)] = fleet.rows("SELECT terminate_reason FROM transport_sessions")
     assert reason == "client_delete"
     spread = fleet.spread()
     assert set(spread) == {0, 1, 2}, spread  # every replica served part of this one session
@@ -162,8 +173,7 @@ async def test_a_deleted_session_is_not_found_at_any_replica(fleet: Fleet) -> No
                     if after.status_code == 404:
                         break
                     await anyio.sleep(0.05)
-    [(reason,)] = store_rows(
-        fleet.db_path,
+    [(reason,)] = fleet.rows(
         "SELECT terminate_reason FROM transport_sessions WHERE key = ?",
         transport_session_key(session_id),
     )
@@ -235,19 +245,17 @@ async def _held_call_in_a_session(
 
 def _holder_of(fleet: Fleet, execution_id: str) -> int:
     """The replica (index) whose worker wrote the execution's row: it holds the call."""
-    [(worker,)] = store_rows(
-        fleet.db_path,
+    [(worker,)] = fleet.rows(
         "SELECT worker FROM executions WHERE agent = 'alice' AND execution_id = ?",
         execution_id,
     )
-    [(provenance,)] = store_rows(fleet.db_path, "SELECT provenance FROM workers WHERE worker_id = ?", worker)
+    [(provenance,)] = fleet.rows("SELECT provenance FROM workers WHERE worker_id = ?", worker)
     pid = json.loads(provenance)["pid"]
     return [r.process.pid for r in fleet.replicas].index(pid)
 
 
 def _execution(fleet: Fleet, execution_id: str) -> tuple[str, str, int]:
-    [row] = store_rows(
-        fleet.db_path,
+    [row] = fleet.rows(
         "SELECT state, worker, epoch FROM executions WHERE agent = 'alice' AND execution_id = ?",
         execution_id,
     )
@@ -390,7 +398,5 @@ async def test_revocation_at_one_replica_ends_a_call_in_flight_at_another_within
             refused.status_code == 401
             and refused.json()["error"]["data"]["reason"] == "agent_session_revoked"
         )
-    [(state,)] = store_rows(
-        fleet.db_path, "SELECT state FROM executions WHERE execution_id = 'revoked-in-flight'"
-    )
+    [(state,)] = fleet.rows("SELECT state FROM executions WHERE execution_id = 'revoked-in-flight'")
     assert state == "outcome_unknown"
