@@ -15,8 +15,8 @@ from typing import Any
 
 from bastion.audit.scope import EvidenceScope
 from bastion.auth.principal import Principal
-from bastion.errors import SessionNotFound
-from bastion.ids import TransportSessionId, new_transport_session_id
+from bastion.errors import SessionNotFound, TooManySessions
+from bastion.ids import AgentId, TransportSessionId, new_transport_session_id
 from bastion.session.state import InFlightCall, TransportSession
 from bastion.store.replicas import transport_session_key
 
@@ -31,10 +31,14 @@ class SessionRegistry:
         *,
         idle_timeout_s: float,
         max_sessions: int,
+        max_sessions_per_agent: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         mint_id: Callable[[], TransportSessionId] = new_transport_session_id,
     ) -> None:
         self._sessions: dict[TransportSessionId, TransportSession] = {}
+        # One agent must not lock every other agent out (issue #12): a share of the global cap each.
+        self._max_per_agent = max_sessions if max_sessions_per_agent is None else max_sessions_per_agent
+        self._per_agent: dict[AgentId, int] = {}
         self._idle_timeout_s = idle_timeout_s
         self._max_sessions = max_sessions
         self._clock = clock
@@ -57,7 +61,16 @@ class SessionRegistry:
         client_info: Mapping[str, Any],
         evidence: EvidenceScope,
     ) -> TransportSession:
-        """Mint a new session for ``agent``; ids are random and never reused."""
+        """Mint a new session for ``agent``; ids are random and never reused.
+
+        Raises:
+            TooManySessions: this agent holds its share of transport sessions already.
+        """
+        held = self._per_agent.get(principal.agent, 0)
+        if held >= self._max_per_agent:
+            raise TooManySessions(
+                "Service Unavailable: too many transport sessions for this agent", cause="agent_cap"
+            )
         session_id = self._mint_id()
         while session_id in self._sessions:  # pragma: no cover - 192 random bits
             session_id = self._mint_id()
@@ -66,6 +79,7 @@ class SessionRegistry:
         )
         self._sessions[session_id] = transport_session
         self._by_key[transport_session_key(session_id)] = session_id
+        self._per_agent[principal.agent] = held + 1
         return transport_session
 
     def at_capacity(self) -> bool:
@@ -102,7 +116,9 @@ class SessionRegistry:
     def adopt(self, transport_session: TransportSession) -> TransportSession:
         """Hold a session loaded from the store (opened at another replica); an equal id held already wins."""
         held = self._sessions.setdefault(transport_session.id, transport_session)
-        self._by_key[transport_session_key(held.id)] = held.id
+        if held is transport_session:
+            self._by_key[transport_session_key(held.id)] = held.id
+            self._per_agent[held.agent] = self._per_agent.get(held.agent, 0) + 1
         self._touched.add(held.id)
         return held
 
@@ -148,6 +164,11 @@ class SessionRegistry:
         if self._sessions.get(transport_session.id) is transport_session:
             del self._sessions[transport_session.id]
             self._by_key.pop(transport_session_key(transport_session.id), None)
+            left = self._per_agent.get(transport_session.agent, 1) - 1
+            if left > 0:
+                self._per_agent[transport_session.agent] = left
+            else:
+                self._per_agent.pop(transport_session.agent, None)
         return calls
 
     def expired(self) -> list[TransportSession]:

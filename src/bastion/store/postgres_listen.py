@@ -1,7 +1,7 @@
 """PostgreSQL ``LISTEN`` for the change feed (DESIGN section 7, issue #10).
 
 Every insert into ``changes`` sends ``NOTIFY bastion_changes`` at commit
-(migration ``postgres_0003_replicas``). :func:`listen_for_changes` holds one
+(migration ``postgres_0004_replicas``). :func:`listen_for_changes` holds one
 connection of its own (never one of the pool's) listening on that channel
 and calls ``nudge`` for each notification, so the feed is read at once. It
 reconnects after a failure, nudging once on each (re)connect to cover what
@@ -17,7 +17,7 @@ from typing import NoReturn
 import anyio
 import psycopg
 
-from bastion.store.migrations.postgres_0003_replicas import CHANNEL
+from bastion.store.migrations.postgres_0004_replicas import CHANNEL
 from bastion.store.postgres import PostgresStore
 
 __all__ = ["listen_for_changes"]

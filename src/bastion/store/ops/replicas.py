@@ -52,7 +52,7 @@ def touch_transport_sessions(keys: Sequence[str], now_us: int, writer: WorkerId,
 
 
 def terminate_transport_session(key: str, reason: str, now_us: int) -> Op[bool]:
-    # The trigger of migration 6 (SQLite) / 3 (PostgreSQL) puts the termination into the feed.
+    # The trigger of migration 7 (SQLite) / 4 (PostgreSQL) puts the termination into the feed.
     changed = yield from count(
         "UPDATE transport_sessions SET terminated_at = ?, terminate_reason = ?"
         " WHERE key = ? AND terminated_at IS NULL",

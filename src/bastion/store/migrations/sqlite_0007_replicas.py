@@ -1,4 +1,4 @@
-"""SQLite schema version 6: what makes replicas interchangeable (DESIGN section 7, issue #10).
+"""SQLite schema version 7: what makes replicas interchangeable (DESIGN section 7, issue #10).
 
 - ``transport_sessions``: front transport sessions as records, keyed by the
   SHA-256 of the ``Mcp-Session-Id`` (the id itself is never stored).

@@ -1,7 +1,7 @@
-"""PostgreSQL schema version 3: what makes replicas interchangeable, as SQLite's version 6 has it.
+"""PostgreSQL schema version 4: what makes replicas interchangeable, as SQLite's version 7 has it.
 
 - ``transport_sessions``, ``changes`` and ``policy_reports``: the same columns
-  and meanings as SQLite (``store/migrations/sqlite_0006_replicas.py``).
+  and meanings as SQLite (``store/migrations/sqlite_0007_replicas.py``).
 - ``changes.seq`` is handed out in commit order: a ``BEFORE INSERT`` trigger
   takes a transaction advisory lock before drawing the next value, so an
   insert waits for the previous inserter to commit. Followers read "changes
