@@ -27,8 +27,11 @@ done
 # nginx as a foreground process of this script, with its own prefix (no system service).
 sed -e "s#/var/log/nginx/bastion.access.log#$prefix/logs/access.log#" "$here/nginx/bastion.conf" \
     >"$prefix/bastion.conf"
+user_line=""
+if [ "$(id -u)" = 0 ]; then user_line="user root;"; fi   # workers must reach the temp prefix
 cat >"$prefix/nginx.conf" <<CONF
 daemon off;
+$user_line
 worker_processes 1;
 pid $prefix/nginx.pid;
 error_log $prefix/logs/error.log warn;
@@ -36,6 +39,9 @@ events { worker_connections 1024; }
 http {
     client_body_temp_path $prefix/client_body;
     proxy_temp_path $prefix/proxy;
+    fastcgi_temp_path $prefix/fastcgi;
+    uwsgi_temp_path $prefix/uwsgi;
+    scgi_temp_path $prefix/scgi;
     include $prefix/bastion.conf;
 }
 CONF

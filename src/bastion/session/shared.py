@@ -140,11 +140,15 @@ class SharedSessions:
             logger.warning("transport session expiry not moved on: %s", exc.message)
 
     async def idle_everywhere(self, transport_session: TransportSession) -> bool:
-        """Whether the store, too, saw no use of this session within the idle timeout (or has no record)."""
+        """Whether the store, too, saw no use of this session within the idle timeout (or has no record).
+
+        ``False`` when the store cannot be read: this replica then forgets its share only, and the
+        session expires everywhere once a replica can see that nobody used it.
+        """
         try:
             record = await self._store.get_transport_session(transport_session_key(transport_session.id))
         except StoreError:
-            return True
+            return False
         if record is None or record.terminated_at is not None:
             return True
         return self._wall_clock() - record.last_seen_at > timedelta(seconds=self._idle_timeout_s())
