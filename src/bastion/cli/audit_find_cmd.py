@@ -87,15 +87,22 @@ def run_find(
         f"{len(entries)} {carry} execution_id {execution_id!r} ({who}) in {len(states)} evidence session(s)",
         file=out,
     )
+    by_agent: dict[str | None, list[AuditEntry]] = {}
     for entry in entries:
-        detail = entry.detail or {}
-        late = f" late event_ts={detail.get('event_ts')}" if detail.get("late") else ""
-        print(
-            f"  {entry.ts}  agent={entry.agent} session={entry.session_id} seq={entry.seq} "
-            f"event={entry.event} call={entry.call_id} outcome={entry.outcome} reason={entry.reason} "
-            f"worker={entry.worker} epoch={entry.epoch} hash={entry.hash}{late}",
-            file=out,
-        )
+        by_agent.setdefault(entry.agent, []).append(entry)
+    for owner, own in by_agent.items():
+        # An execution_id is scoped under its agent: each agent's entries are a separate execution.
+        count = f"{len(own)} entry" if len(own) == 1 else f"{len(own)} entries"
+        print(f"agent {owner!r}, execution_id {execution_id!r}: {count}", file=out)
+        for entry in own:
+            detail = entry.detail or {}
+            late = f" late event_ts={detail.get('event_ts')}" if detail.get("late") else ""
+            print(
+                f"  {entry.ts}  agent={entry.agent} session={entry.session_id} seq={entry.seq} "
+                f"event={entry.event} call={entry.call_id} outcome={entry.outcome} reason={entry.reason} "
+                f"worker={entry.worker} epoch={entry.epoch} hash={entry.hash}{late}",
+                file=out,
+            )
     for session_id, state in states.items():
         print(f"evidence session {session_id}: {state}", file=out)
     if export_dir is not None and states:

@@ -35,7 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--heartbeat-s", type=float, default=2.0, help="heartbeat interval (below the lease)")
     serve.add_argument(
-        "--evidence-max-entries", type=int, default=10_000, help="rotate an evidence session here"
+        "--evidence-max-entries",
+        type=int,
+        default=10_000,
+        help="entries per evidence session, genesis and close included (at least 6)",
     )
     serve.add_argument("--evidence-max-age-s", type=float, default=3600.0, help="... or at this age")
 
