@@ -49,6 +49,7 @@ from bastion.errors import (
 from bastion.ids import CallId, new_call_id
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.grants import Rate
+from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
 from bastion.settle import send_and_settle
 from bastion.store.base import Store
@@ -118,9 +119,12 @@ class ToolCallPath:
         limiter: RateLimiter,
         attachments: AttachmentTracker,
         monotonic: Callable[[], float] = time.monotonic,
+        shared_limits: StoreRateLimiter | None = None,
     ) -> None:
         self._attachments = attachments
         self._limiter = limiter
+        # Rate-limit tokens from the store (shared by replicas) instead of ``limiter``, when given.
+        self._shared_limits = shared_limits
         self._monotonic = monotonic
         self._fleet = fleet
         self._snapshot = snapshot
@@ -173,13 +177,15 @@ class ToolCallPath:
         except BaseException:
             # A call refused before the send spends no rate-limit token (issue #12).
             if attempt.charged and not attempt.sent and attempt.entry is not None:
-                self._limiter.refund(
-                    attempt.charged,
+                agent, server, tool = (
                     str(caller.principal.agent),
                     attempt.entry.server,
                     attempt.entry.upstream_name,
-                    self._monotonic(),
                 )
+                if self._shared_limits is not None:
+                    await self._shared_limits.refund(attempt.charged, agent, server, tool)
+                else:
+                    self._limiter.refund(attempt.charged, agent, server, tool, self._monotonic())
             raise
 
     async def _run(
@@ -216,7 +222,7 @@ class ToolCallPath:
                 entry.upstream_name,
                 arguments,
                 now=self._monotonic(),
-                limiter=self._limiter,
+                limiter=self._limiter if self._shared_limits is None else None,
                 has_execution_id=attempt.envelope.execution_id is not None,
             )
         except GrantDenied as exc:
@@ -224,7 +230,15 @@ class ToolCallPath:
             # may not see; the audit keeps the truth (grant_denied, server, tool). Issue #12.
             await self._audit_refusal(scope, attempt, exc)
             raise UnknownTool(f"Unknown tool: {name}", tool=name, audited=True) from None
-        attempt.charged = decision.charged
+        if self._shared_limits is not None:
+            await self._shared_limits.take(
+                decision.limits,
+                str(caller.principal.agent),
+                entry.server,
+                entry.upstream_name,
+                policy_version=snapshot.version,
+            )
+        attempt.charged = decision.limits
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)

@@ -51,6 +51,7 @@ from bastion.policy.decide import RateLimiter, visible_tools
 from bastion.policy.digest import snapshot_digest
 from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
+from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import TransportSession
@@ -278,6 +279,7 @@ class Gateway:
             health=self.health,
             limiter=self.limiter,
             attachments=self.attachments,
+            shared_limits=StoreRateLimiter(store, lambda: datetime.now(UTC)),
         )
         self.router = MethodRouter(self.fleet, self.call_path, self.snapshot, on_surface=self._surface_listed)
         oauth = self.policy.current.auth.oauth

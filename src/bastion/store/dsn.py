@@ -8,9 +8,10 @@ is replaced.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["POSTGRES_SCHEMES", "is_postgres_url", "redact_dsn"]
+__all__ = ["POSTGRES_SCHEMES", "is_postgres_url", "redact_argv", "redact_dsn"]
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 _SECRET_QUERY_KEYS = frozenset({"password", "sslpassword"})
@@ -37,3 +38,14 @@ def redact_dsn(dsn: str) -> str:
         safe="/*",
     )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """A command line fit to record: every PostgreSQL URL in it (``URL`` or ``--opt=URL``) redacted."""
+    shown = []
+    for arg in argv:
+        option, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if is_postgres_url(value):
+            arg = f"{option}{equals}{redact_dsn(value)}"
+        shown.append(arg)
+    return shown

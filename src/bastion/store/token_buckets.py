@@ -57,6 +57,10 @@ class TokenBucketStore(Protocol):
         """
         ...
 
+    async def refund_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> None:
+        """Give back one token to each bucket (capped at capacity): a call refused before its send."""
+        ...
+
     async def prune_token_buckets(self, *, now: datetime) -> int:
         """Forget buckets full again at ``now`` (forgetting changes no decision); returns how many."""
         ...

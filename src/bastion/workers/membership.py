@@ -24,6 +24,7 @@ import anyio
 from bastion.errors import Conflict, StaleEpoch, StoreError
 from bastion.ids import Epoch, WorkerId
 from bastion.store.base import Store
+from bastion.store.dsn import redact_argv
 from bastion.workers.identity import mint_worker_id
 from bastion.workers.liveness import pid_alive, this_host
 from bastion.workers.takeover import withdraw_if_dead
@@ -60,7 +61,7 @@ class WorkerMembership:
                     "gateway",
                     {
                         "started_by": "bastion serve",
-                        "argv": sys.argv[:8],
+                        "argv": redact_argv(sys.argv[:8]),
                         "pid": os.getpid(),
                         "host": socket.gethostname(),
                         "config_version": config_version,

@@ -80,3 +80,17 @@ async def test_one_bucket_named_twice_is_refused(store: Store) -> None:
     """A take that names one bucket twice is a caller error, not two tokens."""
     with pytest.raises(ValueError):
         await store.take_tokens([PER_MINUTE, PER_MINUTE], now=later(0))
+
+
+async def test_a_refund_gives_one_token_back_capped_at_capacity(store: Store) -> None:
+    """A refunded token can be taken again at once; refunds never fill a bucket past its capacity."""
+    for _ in range(3):
+        await store.take_tokens([PER_MINUTE], now=later(0))
+    await store.refund_tokens([PER_MINUTE], now=later(0))
+    assert await store.take_tokens([PER_MINUTE], now=later(0)) is None
+    assert await store.take_tokens([PER_MINUTE], now=later(0)) is not None
+    for _ in range(5):
+        await store.refund_tokens([OTHER], now=later(0))  # OTHER was never taken from: no row, no-op
+    for _ in range(5):
+        assert await store.take_tokens([OTHER], now=later(0)) is None
+    assert await store.take_tokens([OTHER], now=later(0)) is not None
