@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 
 from bastion.app import create_app
 from bastion.audit.recorder import MIN_MAX_ENTRIES
+from bastion.auth.anonymous import refuse_anonymous_off_loopback
 from bastion.auth.bearer import hash_token
 from bastion.children import guarded_command
 from bastion.errors import ConfigError
@@ -69,6 +70,7 @@ def run_serve(
     try:
         if config is not None:
             snapshot = load_snapshot(config)
+            refuse_anonymous_off_loopback(snapshot, host)
             token_note = None
         else:
             demo_upstream, tools_url = _start_demo_upstream(data_dir)
