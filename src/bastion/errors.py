@@ -7,11 +7,12 @@
     ├─ RequestRejected        before dispatch: HTTP status + JSON-RPC error, id null or the request's id
     │  ├─ ParseError (-32700, 400)   InvalidRequest (-32600, 400)   BodyTooLarge (-32600, 413)
     │  ├─ MethodNotFound (-32601, 200)   InvalidParams (-32602, 200)
-    │  ├─ OriginForbidden (403)   NotAcceptable (406)   UnsupportedMediaType (415)
+    │  ├─ OriginForbidden (403)   HostForbidden (421)   NotAcceptable (406)   UnsupportedMediaType (415)
     │  ├─ SessionIdMissing (400)   SessionNotFound (404)
     │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)
     │  ├─ UnsupportedProtocolVersion (-32022, 400)
     │  ├─ MethodNotAllowed (405)   TooManySessions (503)   WorkerSuperseded (503)
+│  ├─ SessionStoreUnavailable (503)
     │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
     ├─ CallRefused            inside a call: HTTP 200 + JSON-RPC error in -32000…-32099
     │  ├─ UnknownTool   GrantDenied   InvalidCmcpEnvelope   ArgumentConstraintFailed   RateLimited
@@ -50,6 +51,7 @@ __all__ = [
     "GenerationHeld",
     "GrantDenied",
     "HeaderMismatch",
+    "HostForbidden",
     "InputRoundUnknown",
     "InvalidCmcpEnvelope",
     "InvalidParams",
@@ -69,6 +71,7 @@ __all__ = [
     "RequestRejected",
     "SessionIdMissing",
     "SessionNotFound",
+    "SessionStoreUnavailable",
     "StaleEpoch",
     "StoreError",
     "TooManySessions",
@@ -94,6 +97,7 @@ class Reason(enum.StrEnum):
     METHOD_NOT_FOUND = "method_not_found"
     INVALID_PARAMS = "invalid_params"
     ORIGIN_FORBIDDEN = "origin_forbidden"
+    HOST_FORBIDDEN = "host_forbidden"
     NOT_ACCEPTABLE = "not_acceptable"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     SESSION_ID_MISSING = "session_id_missing"
@@ -104,6 +108,7 @@ class Reason(enum.StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     TOO_MANY_SESSIONS = "too_many_sessions"
     WORKER_SUPERSEDED = "worker_superseded"
+    SESSION_STORE_UNAVAILABLE = "session_store_unavailable"
     CREDENTIAL_INVALID = "credential_invalid"
     AGENT_SESSION_EXPIRED = "agent_session_expired"
     AGENT_SESSION_REVOKED = "agent_session_revoked"
@@ -210,6 +215,14 @@ class OriginForbidden(RequestRejected):
     default_message = "Origin not allowed"
 
 
+class HostForbidden(RequestRejected):
+    """A ``Host`` header this gateway does not answer to (DNS rebinding); 421 as the MCP SDK answers."""
+
+    reason = Reason.HOST_FORBIDDEN
+    http_status = 421
+    default_message = "Misdirected Request: Host not allowed"
+
+
 class NotAcceptable(RequestRejected):
     reason = Reason.NOT_ACCEPTABLE
     http_status = 406
@@ -265,6 +278,14 @@ class WorkerSuperseded(RequestRejected):
     reason = Reason.WORKER_SUPERSEDED
     http_status = 503
     default_message = "Service Unavailable: this gateway worker was superseded"
+
+
+class SessionStoreUnavailable(RequestRejected):
+    """A transport session could not be recorded or read in the store: nothing was opened or served (#10)."""
+
+    reason = Reason.SESSION_STORE_UNAVAILABLE
+    http_status = 503
+    default_message = "Service Unavailable: the transport session store cannot be reached"
 
 
 class MethodNotAllowed(RequestRejected):

@@ -35,6 +35,18 @@ def test_serve_refuses_a_bad_config_at_start(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_serve_off_loopback_needs_allowed_hosts(tmp_path: Path) -> None:
+    """`bastion serve --host 0.0.0.0` without gateway.allowed_hosts exits 2: no unsafe default."""
+    good = tmp_path / "good.toml"
+    good.write_text('[servers.tools]\nurl = "http://127.0.0.1:9/mcp"\n')
+    result = run(
+        "serve", "--config", str(good), "--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path)
+    )
+    assert result.returncode == 2
+    assert "gateway.allowed_hosts" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_check_config_accepts_a_good_file(tmp_path: Path) -> None:
     """A valid file is accepted and its version printed."""
     good = tmp_path / "good.toml"
@@ -122,3 +134,23 @@ def test_workers_reads_a_data_dir_and_public_key_prints_the_key(tmp_path: Path) 
     assert workers.returncode == 0, workers.stderr
     assert workers.stdout.split()[0] == "IDENTITY"
     assert key.returncode == 0 and key.stdout.startswith("-----BEGIN PUBLIC KEY-----")
+
+
+def test_serve_refuses_an_anonymous_agent_on_a_non_loopback_bind(tmp_path: Path) -> None:
+    """`bastion serve --host 0.0.0.0` with an anonymous agent exits 2 naming the agent; nothing is served."""
+    config = tmp_path / "anon.toml"
+    config.write_text('[servers.tools]\nurl = "http://127.0.0.1:9/mcp"\n\n[agents.suite]\nanonymous = true\n')
+    result = run(
+        "serve",
+        "--config",
+        str(config),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path / "d"),
+    )
+    assert result.returncode == 2
+    assert "agents.suite" in result.stderr and "loopback" in result.stderr
+    assert "Traceback" not in result.stderr

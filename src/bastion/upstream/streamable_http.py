@@ -54,7 +54,8 @@ from bastion.upstream.era_paths import (
 )
 from bastion.upstream.input_rounds import ParkedRounds, ask_mid_call, asks_in_rounds, round_trip
 from bastion.upstream.relay import RequestRelay
-from bastion.upstream.sse import iter_sse_messages
+from bastion.upstream.resume import Reconnect, messages_resuming
+from bastion.upstream.sse import SseCursor, iter_sse_messages
 from bastion.upstream.taskgroups import single_exception
 from bastion.versions import (
     CAPABILITIES_META_KEY,
@@ -553,9 +554,10 @@ class HttpUpstream:
         if not content_type.startswith("text/event-stream"):
             raise UpstreamProtocolError(f"upstream {self.name} answered {content_type or 'no content type'}")
         final: dict[str, Any] | None = None
+        messages = messages_resuming(response, self._reconnect(upstream_session))
         with single_exception():
-            async with anyio.create_task_group() as tg:
-                async for message in iter_sse_messages(response.aiter_lines()):
+            async with contextlib.aclosing(messages), anyio.create_task_group() as tg:
+                async for message in messages:
                     if "method" in message:
                         method = message["method"]
                         params = message.get("params") or {}
@@ -578,6 +580,23 @@ class HttpUpstream:
         if final is None:
             raise OutcomeUnknown(f"upstream {self.name} closed the stream without a result")
         return self._final(final, request_id, status)
+
+    def _reconnect(self, upstream_session: HttpUpstreamSession | None) -> Reconnect | None:
+        """How a dropped response stream of this upstream session resumes (``upstream/resume.py``)."""
+        if upstream_session is None or upstream_session.session_id is None:
+            return None  # the sessionless era has no GET stream to resume on
+
+        @contextlib.asynccontextmanager
+        async def reconnect(last_event_id: str) -> AsyncIterator[httpx.Response]:
+            headers = {
+                **self._session_headers(upstream_session),
+                "accept": "text/event-stream",
+                "last-event-id": last_event_id,
+            }
+            async with self._client.stream("GET", self.url, headers=headers) as response:
+                yield response
+
+        return reconnect
 
     async def _on_stream_notification(self, method: str, params: dict[str, Any], relay: RequestRelay) -> None:
         if method == "notifications/tools/list_changed":
@@ -654,18 +673,20 @@ class HttpUpstream:
 
     async def _watch_catalog_forever(self, catalog: HttpUpstreamSession) -> None:
         backoff = 0.5
+        cursor = SseCursor()  # a reconnection resumes after the last event seen
         while True:
+            resume = {"last-event-id": cursor.last_event_id} if cursor.last_event_id else {}
             try:
                 async with self._client.stream(
                     "GET",
                     self.url,
-                    headers={**self._session_headers(catalog), "accept": "text/event-stream"},
+                    headers={**self._session_headers(catalog), "accept": "text/event-stream", **resume},
                     timeout=httpx.Timeout(None, connect=5.0),
                 ) as response:
                     if response.status_code != 200:
                         return
                     backoff = 0.5
-                    async for message in iter_sse_messages(response.aiter_lines()):
+                    async for message in iter_sse_messages(response.aiter_bytes(), cursor):
                         if (
                             message.get("method") == "notifications/tools/list_changed"
                             and self._on_list_changed
