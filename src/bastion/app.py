@@ -2,7 +2,8 @@
 
 Routes: ``/mcp`` (the front door), ``/healthz`` (process alive),
 ``/readyz`` (configuration loaded, upstreams reachable, per-upstream detail),
-``/metrics`` (Prometheus). The lifespan starts the gateway (upstreams
+``/metrics`` (Prometheus), ``/.well-known/bastion-keys.json`` (the signing keys
+to pin, ``crypto/key_set.py``). The lifespan starts the gateway (upstreams
 launched or connected, catalog built) and stops it (client sessions closed,
 stdio upstreams terminated).
 """
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -81,6 +83,14 @@ def create_app(
             return JSONResponse({"error": {"reason": "not_configured"}}, status_code=404)
         return JSONResponse(protected_resource_metadata(auth.resource_url, [auth.oauth.issuer], ()))
 
+    async def published_keys(request: Request) -> Response:
+        # Public by design: verifiers pin these keys. Read per request: `bastion rotate-key` rewrites it.
+        gateway: Gateway | None = state.get("gateway")
+        if gateway is None or gateway.keyring is None:
+            return JSONResponse({"error": {"reason": "starting"}}, status_code=503)
+        document = await anyio.to_thread.run_sync(gateway.keyring.key_set)
+        return JSONResponse(document, headers={"cache-control": "no-cache"})
+
     class _Mcp:
         # An ASGI app (not a function) so Starlette hands it the raw scope.
         async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -124,6 +134,7 @@ def create_app(
                     audit_isolation=gateway.audit_isolation,
                     serving=gateway.serving,
                     track_sessionless=gateway.sessionless_call,
+                    cut_cause=gateway.cut_cause,
                 )
                 state["admin"] = _admin_router(gateway)
                 yield
@@ -140,8 +151,10 @@ def create_app(
             Route("/admin/{rest:path}", _Admin(), methods=["GET", "POST"]),
             Route("/.well-known/oauth-protected-resource", protected_resource),
             Route("/.well-known/oauth-protected-resource/mcp", protected_resource),
+            Route("/.well-known/bastion-keys.json", published_keys),
             Route("/sessions/{session_id}/trace-claim", evidence.trace_claim),
             Route("/audit/export", evidence.export),
+            Route("/audit/execution", evidence.execution),
         ],
         lifespan=lifespan,
     )
@@ -168,6 +181,7 @@ def _admin_router(gateway: Gateway) -> Router:
         admin_token_sha256=digest,
         clock=lambda: datetime.now(UTC),
         on_revoke=gateway.end_agent_session,
+        configured_digests=lambda: gateway.snapshot().credential_roles().keys(),
     )
     routes.append(Route("/admin/reload", gate.wrap(reload), methods=["POST"]))
     from bastion.admin.workers import worker_routes

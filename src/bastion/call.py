@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ import anyio
 from bastion.admission.binding import compute_binding
 from bastion.admission.envelope import CmcpEnvelope, read_envelope
 from bastion.admission.states import ExecutionState
+from bastion.audit.earlier import name_earlier_attempt
 from bastion.audit.entry import AuditEntry, AuditEvent, Decision, digest_json
 from bastion.audit.scope import EvidenceScope
 from bastion.caller import Caller
@@ -36,6 +37,7 @@ from bastion.errors import (
     ExecutionCollision,
     ExecutionInFlight,
     ExecutionReplay,
+    GrantDenied,
     InvalidParams,
     NotDurable,
     StaleEpoch,
@@ -46,8 +48,10 @@ from bastion.errors import (
 )
 from bastion.ids import CallId, new_call_id
 from bastion.policy.decide import RateLimiter, decide, visible_tools
+from bastion.policy.grants import Rate
 from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
+from bastion.settle import send_and_settle
 from bastion.store.base import Store
 from bastion.store.health import StoreHealth
 from bastion.upstream.base import CallContext, UpstreamReplied
@@ -85,6 +89,8 @@ class _Attempt:
     args_digest: str | None = None
     last: AuditEntry | None = None
     pending: list[tuple[AuditEvent, dict[str, Any]]] = field(default_factory=list)
+    charged: tuple[tuple[str, Rate], ...] = ()  # rate-limit tokens taken, until the call is sent
+    sent: bool = False
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -140,7 +146,7 @@ class ToolCallPath:
         attempt = _Attempt(call_id=new_call_id(), policy_version=snapshot.version)
         scope = caller.evidence
         try:
-            return await self._run(caller, params, snapshot, attempt, scope)
+            return await self._run_charged(caller, params, snapshot, attempt, scope)
         except StaleEpoch:
             # A newer epoch holds this worker's generation: it stops serving from now on.
             self._membership.superseded = True
@@ -154,6 +160,32 @@ class ToolCallPath:
         except (UpstreamError, StoreError) as exc:
             exc.data.pop("audited", None)
             exc.data["receipt"] = self._receipt(scope, attempt)
+            raise
+        finally:
+            scope.end_call(attempt.call_id)  # its chain slots are free (audit/recorder.py)
+
+    async def _run_charged(
+        self,
+        caller: Caller,
+        params: dict[str, Any],
+        snapshot: Snapshot,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+    ) -> dict[str, Any]:
+        try:
+            return await self._run(caller, params, snapshot, attempt, scope)
+        except BaseException:
+            # A call refused before the send spends no rate-limit token (issue #12).
+            if attempt.charged and not attempt.sent and attempt.entry is not None:
+                agent, entry = str(caller.principal.agent), attempt.entry
+                if self._shared_limits is not None:
+                    await self._shared_limits.refund(
+                        attempt.charged, agent, entry.server, entry.upstream_name
+                    )
+                else:
+                    self._limiter.refund(
+                        attempt.charged, agent, entry.server, entry.upstream_name, self._monotonic()
+                    )
             raise
 
     async def _run(
@@ -181,25 +213,32 @@ class ToolCallPath:
         if entry is None:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
         attempt.entry = entry
-        decision = decide(
-            snapshot,
-            caller.principal,
-            entry.server,
-            entry.namespace,
-            entry.upstream_name,
-            arguments,
-            now=self._monotonic(),
-            limiter=self._limiter if self._shared_limits is None else None,
-            has_execution_id=attempt.envelope.execution_id is not None,
-        )
+        try:
+            decision = decide(
+                snapshot,
+                caller.principal,
+                entry.server,
+                entry.namespace,
+                entry.upstream_name,
+                arguments,
+                now=self._monotonic(),
+                limiter=self._limiter if self._shared_limits is None else None,
+                has_execution_id=attempt.envelope.execution_id is not None,
+            )
+        except GrantDenied as exc:
+            # A tool hidden by grants is answered as unknown: the caller learns nothing of what it
+            # may not see; the audit keeps the truth (grant_denied, server, tool). Issue #12.
+            await self._audit_refusal(scope, attempt, exc)
+            raise UnknownTool(f"Unknown tool: {name}", tool=name, audited=True) from None
         if self._shared_limits is not None:
             await self._shared_limits.take(
-                decision.limits,
+                decision.charged,
                 str(caller.principal.agent),
                 entry.server,
                 entry.upstream_name,
                 policy_version=snapshot.version,
             )
+        attempt.charged = decision.charged
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)
@@ -214,13 +253,7 @@ class ToolCallPath:
             self._health.check_admissions()
         except NotDurable as exc:
             # Refused while storage cannot write: the refusal is owed to the audit (bounded queue).
-            owed = [
-                (
-                    AuditEvent.REFUSED,
-                    {**attempt.fields(), "decision": Decision.DENY.value, "reason": exc.reason.value},
-                )
-            ]
-            self._health.failed(exc, owed=lambda: scope.record_owed_many(owed))
+            self._health.failed(exc, owed=scope.owe([self._refusal(attempt, exc)]))
             raise
         execution_id = attempt.envelope.execution_id
         worker, epoch = self._membership.credentials()
@@ -238,15 +271,23 @@ class ToolCallPath:
                 await self._audit_refusal(scope, attempt, exc, event=AuditEvent.COLLISION)
                 raise
             except ExecutionReplay as exc:
+                await name_earlier_attempt(self._store, caller.agent, execution_id, exc.data)
+                earlier = {k: v for k, v in exc.data.items() if k.startswith("earlier_")}
                 await self._audit_refusal(
-                    scope, attempt, exc, event=AuditEvent.REPLAY, outcome=exc.data.get("earlier_outcome")
+                    scope,
+                    attempt,
+                    exc,
+                    event=AuditEvent.REPLAY,
+                    outcome=exc.data.get("earlier_outcome"),
+                    detail=earlier,
                 )
                 raise
             except ExecutionInFlight as exc:
                 await self._audit_refusal(scope, attempt, exc)
                 raise
             except StoreError as exc:
-                self._health.failed(exc)
+                # The refusal that trips degraded mode is owed to the audit like the ones after it.
+                self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
                 raise
         # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
         upstream = self._fleet.upstreams[entry.server]
@@ -284,37 +325,35 @@ class ToolCallPath:
                         scope, attempt, AuditEvent.REFUSED, decision=Decision.DENY.value, reason="not_durable"
                     )
                 raise failures[0]
+
         # Without an execution id there is no state to move: the admitted entry is written with
         # the outcome, durably, before the answer (DESIGN section 2 step 8).
-        ctx = CallContext(
-            relay=caller.relay,
-            client_capabilities=caller.client_capabilities,
-            progress_token=_progress_token(params),
-            upstream_sessions=caller.transport_session.upstream_sessions
-            if caller.transport_session
-            else None,
-            timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
-            log_level=caller.log_level,
-            client_answers_requests=caller.transport_session is not None,
-        )
-        try:
-            result = await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
-        except UpstreamReplied as exc:
-            await self._finish(caller, attempt, scope, ExecutionState.FAILED, reason="upstream_error")
-            raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
-        except UpstreamError as exc:
-            state = ExecutionState.OUTCOME_UNKNOWN if exc.may_have_acted else ExecutionState.FAILED
-            await self._finish(caller, attempt, scope, state, reason=exc.reason.value)
-            raise
-        except anyio.get_cancelled_exc_class():
-            # Cancelled after send (client cancel, closed stream, revocation): the upstream may have acted.
-            with anyio.CancelScope(shield=True):
-                await self._finish(caller, attempt, scope, ExecutionState.OUTCOME_UNKNOWN, reason="cancelled")
-            raise
+        async def send() -> dict[str, Any]:
+            ctx = CallContext(
+                relay=caller.relay,
+                client_capabilities=caller.client_capabilities,
+                progress_token=_progress_token(params),
+                upstream_sessions=caller.transport_session.upstream_sessions
+                if caller.transport_session
+                else None,
+                timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
+                log_level=caller.log_level,
+                client_answers_requests=caller.transport_session is not None,
+            )
+            return await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
 
-        # (8) Outcome: durable terminal state, then its audit entry, then the answer.
-        state = ExecutionState.FAILED if result.get("isError") is True else ExecutionState.COMPLETED
-        await self._finish(caller, attempt, scope, state, reason=None, result_digest=digest_json(result))
+        async def finish(
+            state: ExecutionState, *, reason: str | None, result_digest: str | None = None
+        ) -> None:
+            await self._finish(caller, attempt, scope, state, reason=reason, result_digest=result_digest)
+
+        # (8) Outcome: from here every way out (result, error, cancellation, garbage) records a
+        #     durable terminal state, then its audit entry, then answers (settle.py).
+        attempt.sent = True
+        try:
+            result = await send_and_settle(send, finish)
+        except UpstreamReplied as exc:
+            raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
         meta = dict(result.get("_meta") or {})
         meta[RECEIPT_META_KEY] = self._receipt(scope, attempt)
         return {**result, "_meta": meta}
@@ -348,7 +387,7 @@ class ToolCallPath:
                     ),
                 ]
                 attempt.pending = []
-                self._health.failed(exc, owed=lambda: scope.record_owed_many(owed))
+                self._health.failed(exc, owed=scope.owe(owed))
                 raise NotDurable(
                     "The outcome could not be made durable; this execution_id stays refused",
                     observed_outcome=state.value,
@@ -367,7 +406,7 @@ class ToolCallPath:
                 caller.agent, attempt.envelope.execution_id, worker=worker, epoch=epoch
             )
         except StoreError as exc:
-            self._health.failed(exc)
+            self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
             raise
         await self._record(scope, attempt, AuditEvent.RELEASED, outcome=ExecutionState.RELEASED.value)
 
@@ -393,7 +432,8 @@ class ToolCallPath:
 
     async def _record_pending(self, scope: EvidenceScope, attempt: _Attempt) -> None:
         """Write the queued entries now, durably: something irreversible follows (raises ``NotDurable``)."""
-        await self._write_batch(scope, attempt, [], durable=True)
+        # One more entry of this call follows (its outcome or refusal): it stays in this chain.
+        await self._write_batch(scope, attempt, [], durable=True, then=1)
 
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         """Write the queued entries and this one in one go (raises ``NotDurable``).
@@ -410,13 +450,14 @@ class ToolCallPath:
         extra: list[tuple[AuditEvent, dict[str, Any]]],
         *,
         durable: bool,
+        then: int = 0,
     ) -> None:
         batch = [*attempt.pending, *extra]
         attempt.pending = []
         try:
-            entries = await scope.record_many(batch, durable=durable)
+            entries = await scope.record_many(batch, durable=durable, then=then)
         except StoreError as exc:
-            self._health.failed(exc, owed=lambda: scope.record_owed_many(batch))
+            self._health.failed(exc, owed=scope.owe(batch))
             raise NotDurable("The audit entry could not be made durable") from exc
         if entries:
             attempt.last = entries[-1]
@@ -429,12 +470,36 @@ class ToolCallPath:
         *,
         event: AuditEvent = AuditEvent.REFUSED,
         outcome: str | None = None,
+        detail: dict[str, Any] | None = None,
     ) -> None:
         exc.data["audited"] = True
         with contextlib.suppress(NotDurable):  # owed to the audit; the refusal itself stands
             await self._record(
-                scope, attempt, event, decision=Decision.DENY.value, reason=exc.reason.value, outcome=outcome
+                scope,
+                attempt,
+                event,
+                decision=Decision.DENY.value,
+                reason=exc.reason.value,
+                outcome=outcome,
+                detail=detail,
             )
+
+    @staticmethod
+    def _refusal(attempt: _Attempt, exc: BastionError) -> tuple[AuditEvent, dict[str, Any]]:
+        """The refused entry of ``attempt``, for a refusal owed to the audit."""
+        return (
+            AuditEvent.REFUSED,
+            {**attempt.fields(), "decision": Decision.DENY.value, "reason": exc.reason.value},
+        )
+
+    def _owed_refusal(
+        self, scope: EvidenceScope, attempt: _Attempt, exc: StoreError
+    ) -> Callable[[], Awaitable[object]] | None:
+        """The refusal owed when a store write fails; none for a stale epoch (a superseded writer
+        can never write it: recording that belongs to the current holder)."""
+        if isinstance(exc, StaleEpoch):
+            return None
+        return scope.owe([*attempt.pending, self._refusal(attempt, exc)])
 
     def _receipt(self, scope: EvidenceScope, attempt: _Attempt) -> dict[str, Any]:
         return {

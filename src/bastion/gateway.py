@@ -41,12 +41,14 @@ from bastion.auth.authenticator import Authenticator
 from bastion.auth.bearer import StaticBearerAuth
 from bastion.auth.oauth import OAuthVerifier, resource_metadata_url, www_authenticate
 from bastion.auth.principal import Principal
+from bastion.auth.roles import check_store_roles
 from bastion.call import ToolCallPath
 from bastion.crypto.keys import Keyring
-from bastion.errors import ConfigError, StoreError, WorkerSuperseded
+from bastion.errors import AgentSessionRevoked, BastionError, ConfigError, StoreError, WorkerSuperseded
 from bastion.ids import AgentId, WorkerId
 from bastion.methods import MethodRouter
 from bastion.policy.decide import RateLimiter, visible_tools
+from bastion.policy.digest import snapshot_digest
 from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
 from bastion.policy.shared_limits import StoreRateLimiter
@@ -122,6 +124,7 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = SnapshotHolder(snapshot, registry=metrics)
+        self._policy_in_force: tuple[Snapshot, PolicyInForce] | None = None
         self.options = options
         self._static_auth = (snapshot.version, StaticBearerAuth(snapshot))
         self.limiter = RateLimiter()
@@ -131,9 +134,12 @@ class Gateway:
         # Sessionless requests in flight, by agent session, so a revocation can cancel them too.
         self._sessionless_in_flight: dict[str, set[anyio.CancelScope]] = {}
         self._applied_revocations: set[str] = set()
+        # Agent sessions whose live calls this gateway cut: those calls are answered with a typed error.
+        self._cut_agent_sessions: set[str] = set()
         self.registry = SessionRegistry(
             idle_timeout_s=snapshot.gateway.transport_session_idle_s,
             max_sessions=snapshot.gateway.max_transport_sessions,
+            max_sessions_per_agent=snapshot.gateway.max_transport_sessions_per_agent,
             clock=clock,
         )
         self._runtime_hook: Callable[[str, Any], None] | None = None
@@ -195,8 +201,12 @@ class Gateway:
         return await self.authenticator.authenticate(authorization, scope.get("query_string", b""))
 
     def policy_in_force(self) -> PolicyInForce:
-        digest = hashlib.sha256(self.policy.current.version.encode()).hexdigest()
-        return PolicyInForce(bundle_hash="sha256:" + digest, version=self.policy.current.version)
+        """The snapshot in force, committed to by the digest of its compiled form (``policy/digest.py``)."""
+        snapshot = self.policy.current
+        if self._policy_in_force is None or self._policy_in_force[0] is not snapshot:
+            digest = PolicyInForce(bundle_hash=snapshot_digest(snapshot), version=snapshot.version)
+            self._policy_in_force = (snapshot, digest)
+        return self._policy_in_force[1]
 
     def _attest(self, chain_root: str) -> dict[str, Any]:
         if self._tsm_reason is not None:
@@ -211,6 +221,8 @@ class Gateway:
         if options.store_factory is not None:
             store = options.store_factory(store)
         self.store = store
+        # One credential, one role: a configured token that is also a store credential is refused.
+        await check_store_roles(self.policy.current, store)
         self.keyring = Keyring.open(options.data_dir)
         if not options.tsm_root.is_dir():
             self._tsm_reason = f"configfs-tsm is not available at {options.tsm_root}"
@@ -487,6 +499,12 @@ class Gateway:
                 if not scopes:
                     del self._sessionless_in_flight[key]
 
+    def cut_cause(self, principal: Principal) -> BastionError | None:
+        """Why the gateway cancelled this principal's calls (its agent session was revoked), or ``None``."""
+        if principal.agent_session_id in self._cut_agent_sessions:
+            return AgentSessionRevoked("Agent session revoked: this call was cut")
+        return None
+
     async def end_agent_session(self, record: AgentSessionRecord) -> dict[str, Any]:
         """Apply a revocation here, at once: one audited operation that ends everything of that agent session.
 
@@ -496,6 +514,7 @@ class Gateway:
         upstream sessions and its evidence sessions (claims issued), and writes
         one ``revocation`` audit entry listing what it ended. Idempotent.
         """
+        self._cut_agent_sessions.add(record.agent_session_id)
         ended = [t for t in self.registry if t.principal.agent_session_id == record.agent_session_id]
         in_flight = sum(len(t.in_flight) for t in ended)
         evidence_closed: list[str] = []
@@ -562,8 +581,18 @@ class Gateway:
         if current.source is None:
             raise ConfigError("this gateway runs a built-in configuration; there is no file to reload")
 
+        refused: ConfigError | None = None
+        try:
+            loaded = load_snapshot(current.source)
+            if self.store is not None:
+                await check_store_roles(loaded, self.store)
+        except ConfigError as exc:
+            refused = exc
+
         def loader() -> Snapshot:
-            candidate = load_snapshot(current.source)  # type: ignore[arg-type]
+            if refused is not None:
+                raise refused
+            candidate = loaded
             if dict(candidate.servers) != dict(current.servers):
                 raise ConfigError(f"{current.source}: servers changed; restart the gateway to apply them")
             if candidate.auth != current.auth:

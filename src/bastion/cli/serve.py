@@ -18,6 +18,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from bastion.app import create_app
+from bastion.audit.recorder import MIN_MAX_ENTRIES
 from bastion.auth.bearer import hash_token
 from bastion.errors import ConfigError
 from bastion.gateway import RuntimeOptions
@@ -48,8 +49,12 @@ def run_serve(
     evidence_max_age_s: float = 3600.0,
     store: str | None = None,
 ) -> int:
-    if not 0 < heartbeat_s < lease_s or evidence_max_entries < 4 or evidence_max_age_s <= 0:
-        print("bastion: need 0 < --heartbeat-s < --lease-s and sane evidence bounds", file=sys.stderr)
+    if not 0 < heartbeat_s < lease_s or evidence_max_entries < MIN_MAX_ENTRIES or evidence_max_age_s <= 0:
+        print(
+            f"bastion: need 0 < --heartbeat-s < --lease-s, --evidence-max-entries >= {MIN_MAX_ENTRIES}"
+            " and a positive --evidence-max-age-s",
+            file=sys.stderr,
+        )
         return 2
     configure_logging(log_level)
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -59,9 +59,10 @@ class GrantDecision:
     grants: tuple[str, ...]
     require_execution_id: bool
     policy_version: str
-    # The rate limits of the allowing grants: taken by ``decide`` from an in-memory limiter,
-    # or, when it is given none, by the caller from the store (``policy/shared_limits.py``).
-    limits: tuple[tuple[str, Rate], ...] = ()
+    # The rate limits this decision charges a token to: taken by ``decide`` from an in-memory
+    # limiter, or, when it is given none, by the caller from the store (``policy/shared_limits.py``);
+    # given back if the call is refused before its send.
+    charged: tuple[tuple[str, Rate], ...] = ()
 
     @property
     def grant(self) -> str | None:
@@ -139,6 +140,17 @@ class RateLimiter:
                     )
             for key, (level, stamp) in zip(keys, held, strict=True):
                 self._buckets[key] = (level - 1.0, stamp)
+
+    def refund(
+        self, limits: Sequence[tuple[str, Rate]], agent: str, server: str, tool: str, now: float
+    ) -> None:
+        """Give back the token :meth:`take` took for a call refused before its send (capped at capacity)."""
+        with self._lock:
+            for name, rate in limits:
+                key = (name, rate.tokens, rate.period_s, agent, server, tool)
+                if key in self._buckets:
+                    level, stamp = self._level(key, rate, now)
+                    self._buckets[key] = (min(float(rate.tokens), level + 1.0), stamp)
 
     @property
     def bucket_count(self) -> int:
@@ -253,7 +265,7 @@ def decide(
         tuple(g.name for g in allowing),
         requires_id,
         version,
-        tuple(limits),
+        charged=tuple(limits),
     )
 
 

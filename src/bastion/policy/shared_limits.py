@@ -18,6 +18,8 @@ import hashlib
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+import anyio
+
 from bastion.errors import RateLimited, StoreError
 from bastion.policy.decide import rate_limited
 from bastion.policy.grants import Rate
@@ -32,6 +34,13 @@ def bucket_key(grant: str, rate: Rate, agent: str, server: str, tool: str) -> st
     """The store key of one bucket: a reload that keeps a grant's name and rate keeps its buckets."""
     parts = (grant, str(rate.tokens), repr(rate.period_s), agent, server, tool)
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+
+def _buckets(limits: Sequence[tuple[str, Rate]], agent: str, server: str, tool: str) -> list[BucketTake]:
+    return [
+        BucketTake(bucket_key(name, rate, agent, server, tool), rate.tokens, rate.period_s)
+        for name, rate in limits
+    ]
 
 
 class StoreRateLimiter:
@@ -60,10 +69,7 @@ class StoreRateLimiter:
         if not limits:
             return
         now = self._clock()
-        buckets = [
-            BucketTake(bucket_key(name, rate, agent, server, tool), rate.tokens, rate.period_s)
-            for name, rate in limits
-        ]
+        buckets = _buckets(limits, agent, server, tool)
         refused = await self._store.take_tokens(buckets, now=now)
         if refused is not None:
             name, rate = limits[refused.index]
@@ -74,3 +80,14 @@ class StoreRateLimiter:
             self._pruned_at = now
             with contextlib.suppress(StoreError):  # housekeeping: the call already has its tokens
                 await self._store.prune_token_buckets(now=now)
+
+    async def refund(self, limits: Sequence[tuple[str, Rate]], agent: str, server: str, tool: str) -> None:
+        """Give back the tokens :meth:`take` took for a call refused before its send.
+
+        Best effort, never past the caller's cancellation: if the store cannot
+        take them back, they stay spent (the fail-closed direction).
+        """
+        if not limits:
+            return
+        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+            await self._store.give_back_tokens(_buckets(limits, agent, server, tool), now=self._clock())

@@ -555,6 +555,16 @@ class Store(TokenBucketStore, Protocol):
         """The chain's owner, root and head, or ``None``: read paths check ownership with it."""
         ...
 
+    async def find_entries(
+        self, execution_id: ExecutionId, *, agent: AgentId | None = None, limit: int = 10_000
+    ) -> list[AuditEntry]:
+        """Committed entries that carry ``execution_id`` (of ``agent`` only, when given), in every chain.
+
+        Ordered by ``(ts, session_id, seq)``; at most ``limit``. Finds an execution's attempts,
+        the entries a recovering worker wrote, and entries written late (issue #11 point 11).
+        """
+        ...
+
     async def list_open_chains(self, *, generation: str | None = None) -> list[ChainInfo]:
         """Chains not yet closed (optionally only those a generation opened), for recovery."""
         ...

@@ -260,6 +260,22 @@ class StoreOperations:
     async def get_chain(self, session_id: EvidenceSessionId) -> ChainInfo | None:
         return await self._read(lambda: chains.select_chain(session_id))
 
+    async def find_entries(
+        self, execution_id: ExecutionId, *, agent: AgentId | None = None, limit: int = 10_000
+    ) -> list[AuditEntry]:
+        sql = "SELECT entry FROM entries WHERE execution_id = ?"
+        params: tuple[Any, ...] = (execution_id,)
+        if agent is not None:
+            sql, params = sql + " AND agent = ?", (*params, agent)
+        sql, params = sql + " ORDER BY session_id, seq LIMIT ?", (*params, max(limit, 0))
+
+        def op() -> Op[list[AuditEntry]]:
+            found = yield from rows(sql, *params)
+            entries = [AuditEntry.from_json(json.loads(row[0])) for row in found]
+            return sorted(entries, key=lambda e: (e.ts, e.session_id, e.seq))
+
+        return await self._read(op)
+
     async def list_open_chains(self, *, generation: str | None = None) -> list[ChainInfo]:
         def op() -> Op[list[ChainInfo]]:
             if generation is None:
@@ -379,6 +395,11 @@ class StoreOperations:
         if len({b.key for b in wanted}) != len(wanted):
             raise ValueError("each bucket may be named once per take")
         return await self._write(lambda: token_buckets.take_tokens(wanted, now_us))
+
+    async def give_back_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> None:
+        returned, now_us = tuple(buckets), to_us(now)
+        if returned:
+            await self._write(lambda: token_buckets.give_back_tokens(returned, now_us))
 
     async def prune_token_buckets(self, *, now: datetime) -> int:
         now_us = to_us(now)

@@ -57,6 +57,13 @@ class TokenBucketStore(Protocol):
         """
         ...
 
+    async def give_back_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> None:
+        """Return one token to each bucket (never above its capacity): its call was refused before its send.
+
+        A bucket that was forgotten is full already and stays so.
+        """
+        ...
+
     async def prune_token_buckets(self, *, now: datetime) -> int:
         """Forget buckets full again at ``now`` (forgetting changes no decision); returns how many."""
         ...

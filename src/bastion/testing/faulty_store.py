@@ -316,6 +316,11 @@ class FaultyStore:
     async def get_chain(self, session_id: EvidenceSessionId) -> ChainInfo | None:
         return await self.inner.get_chain(session_id)
 
+    async def find_entries(
+        self, execution_id: ExecutionId, *, agent: AgentId | None = None, limit: int = 10_000
+    ) -> list[AuditEntry]:
+        return await self.inner.find_entries(execution_id, agent=agent, limit=limit)
+
     async def list_open_chains(self, *, generation: str | None = None) -> list[ChainInfo]:
         return await self.inner.list_open_chains(generation=generation)
 
@@ -409,6 +414,9 @@ class FaultyStore:
 
     async def take_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> TokensRefused | None:
         return await self.inner.take_tokens(buckets, now=now)
+
+    async def give_back_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> None:
+        await self.inner.give_back_tokens(buckets, now=now)
 
     async def prune_token_buckets(self, *, now: datetime) -> int:
         return await self.inner.prune_token_buckets(now=now)

@@ -80,3 +80,18 @@ async def test_one_bucket_named_twice_is_refused(store: Store) -> None:
     """A take that names one bucket twice is a caller error, not two tokens."""
     with pytest.raises(ValueError):
         await store.take_tokens([PER_MINUTE, PER_MINUTE], now=later(0))
+
+
+async def test_a_token_given_back_can_be_taken_again_but_never_above_capacity(store: Store) -> None:
+    """A refund restores one token to a spent bucket; refunds into a full or unknown bucket add nothing."""
+    for _ in range(3):
+        await store.take_tokens([PER_MINUTE], now=later(0))
+    await store.give_back_tokens([PER_MINUTE], now=later(0))
+    assert await store.take_tokens([PER_MINUTE], now=later(0)) is None
+    assert await store.take_tokens([PER_MINUTE], now=later(0)) is not None
+    await store.give_back_tokens([OTHER], now=later(0))  # never taken: nothing to give back
+    for _ in range(3):
+        await store.give_back_tokens([PER_MINUTE], now=later(0))
+    for _ in range(3):
+        assert await store.take_tokens([PER_MINUTE], now=later(0)) is None
+    assert await store.take_tokens([PER_MINUTE], now=later(0)) is not None

@@ -30,9 +30,10 @@ def select_chain(session_id: EvidenceSessionId, *, lock: bool = False) -> Op[Cha
 
 def _insert_entry(entry: AuditEntry, text: str, worker: WorkerId, epoch: Epoch) -> Op[None]:
     yield from execute(
-        "INSERT INTO entries (session_id, seq, prev, hash, entry, worker, epoch)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        entry.session_id, entry.seq, entry.prev, entry.hash, text, worker, epoch,
+        "INSERT INTO entries (session_id, seq, prev, hash, entry, worker, epoch, execution_id, agent)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        entry.session_id, entry.seq, entry.prev, entry.hash, text, worker, epoch, entry.execution_id,
+        entry.agent,
     )  # fmt: skip
 
 

@@ -43,7 +43,9 @@ def reserve_execution(
     if row.binding != binding:
         raise ExecutionCollision(execution_id=execution_id)
     if row.state.is_terminal:
-        raise ExecutionReplay(execution_id=execution_id, earlier_outcome=row.state.value)
+        raise ExecutionReplay(
+            execution_id=execution_id, earlier_outcome=row.state.value, earlier_call_id=row.call_id
+        )
     if row.state is not ExecutionState.RELEASED:
         raise ExecutionInFlight(execution_id=execution_id, state=row.state.value)
     check_transition(row.state, ExecutionState.RESERVED)

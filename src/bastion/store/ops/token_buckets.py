@@ -60,5 +60,21 @@ def _level(bucket: BucketTake, row: tuple[Any, ...] | None, now_us: int) -> tupl
     return min(float(bucket.capacity), refilled), now_us
 
 
+def give_back_tokens(buckets: Sequence[BucketTake], now_us: int) -> Op[None]:
+    for bucket in sorted(buckets, key=lambda b: b.key):
+        row = yield from one(
+            "SELECT tokens, updated_us FROM token_buckets WHERE bucket = ?", bucket.key, lock="FOR UPDATE"
+        )
+        if row is None:
+            continue  # forgotten: full
+        level, stamp = _level(bucket, row, now_us)
+        level = min(float(bucket.capacity), level + 1.0)
+        full_at = stamp + math.ceil((bucket.capacity - level) / bucket.refill_per_s * _US)
+        yield from execute(
+            "UPDATE token_buckets SET tokens = ?, updated_us = ?, full_at_us = ? WHERE bucket = ?",
+            level, stamp, full_at, bucket.key,
+        )  # fmt: skip
+
+
 def prune_token_buckets(now_us: int) -> Op[int]:
     return (yield from count("DELETE FROM token_buckets WHERE full_at_us <= ?", now_us))
