@@ -177,15 +177,15 @@ class ToolCallPath:
         except BaseException:
             # A call refused before the send spends no rate-limit token (issue #12).
             if attempt.charged and not attempt.sent and attempt.entry is not None:
-                agent, entry = str(caller.principal.agent), attempt.entry
+                agent, server, tool = (
+                    str(caller.principal.agent),
+                    attempt.entry.server,
+                    attempt.entry.upstream_name,
+                )
                 if self._shared_limits is not None:
-                    await self._shared_limits.refund(
-                        attempt.charged, agent, entry.server, entry.upstream_name
-                    )
+                    await self._shared_limits.refund(attempt.charged, agent, server, tool)
                 else:
-                    self._limiter.refund(
-                        attempt.charged, agent, entry.server, entry.upstream_name, self._monotonic()
-                    )
+                    self._limiter.refund(attempt.charged, agent, server, tool, self._monotonic())
             raise
 
     async def _run(
@@ -232,13 +232,13 @@ class ToolCallPath:
             raise UnknownTool(f"Unknown tool: {name}", tool=name, audited=True) from None
         if self._shared_limits is not None:
             await self._shared_limits.take(
-                decision.charged,
+                decision.limits,
                 str(caller.principal.agent),
                 entry.server,
                 entry.upstream_name,
                 policy_version=snapshot.version,
             )
-        attempt.charged = decision.charged
+        attempt.charged = decision.limits
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)

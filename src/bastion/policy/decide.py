@@ -59,10 +59,9 @@ class GrantDecision:
     grants: tuple[str, ...]
     require_execution_id: bool
     policy_version: str
-    # The rate limits this decision charges a token to: taken by ``decide`` from an in-memory
-    # limiter, or, when it is given none, by the caller from the store (``policy/shared_limits.py``);
-    # given back if the call is refused before its send.
-    charged: tuple[tuple[str, Rate], ...] = ()
+    # The rate limits of the allowing grants: taken by ``decide`` from an in-memory limiter,
+    # or, when it is given none, by the caller from the store (``policy/shared_limits.py``).
+    limits: tuple[tuple[str, Rate], ...] = ()
 
     @property
     def grant(self) -> str | None:
@@ -265,7 +264,7 @@ def decide(
         tuple(g.name for g in allowing),
         requires_id,
         version,
-        charged=tuple(limits),
+        tuple(limits),
     )
 
 

@@ -28,19 +28,13 @@ from bastion.store.token_buckets import BucketTake, TokenBucketStore
 __all__ = ["StoreRateLimiter", "bucket_key"]
 
 _PRUNE_EVERY_S = 60.0
+_REFUND_BOUND_S = 5.0
 
 
 def bucket_key(grant: str, rate: Rate, agent: str, server: str, tool: str) -> str:
     """The store key of one bucket: a reload that keeps a grant's name and rate keeps its buckets."""
     parts = (grant, str(rate.tokens), repr(rate.period_s), agent, server, tool)
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
-
-
-def _buckets(limits: Sequence[tuple[str, Rate]], agent: str, server: str, tool: str) -> list[BucketTake]:
-    return [
-        BucketTake(bucket_key(name, rate, agent, server, tool), rate.tokens, rate.period_s)
-        for name, rate in limits
-    ]
 
 
 class StoreRateLimiter:
@@ -82,12 +76,22 @@ class StoreRateLimiter:
                 await self._store.prune_token_buckets(now=now)
 
     async def refund(self, limits: Sequence[tuple[str, Rate]], agent: str, server: str, tool: str) -> None:
-        """Give back the tokens :meth:`take` took for a call refused before its send.
+        """Give back the tokens :meth:`take` took for a call refused before its send (issue #12).
 
-        Best effort, never past the caller's cancellation: if the store cannot
-        take them back, they stay spent (the fail-closed direction).
+        Best effort and shielded: a refund that the store cannot make only refuses more.
         """
         if not limits:
             return
-        with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
-            await self._store.give_back_tokens(_buckets(limits, agent, server, tool), now=self._clock())
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(_REFUND_BOUND_S),
+            contextlib.suppress(StoreError),
+        ):
+            await self._store.refund_tokens(_buckets(limits, agent, server, tool), now=self._clock())
+
+
+def _buckets(limits: Sequence[tuple[str, Rate]], agent: str, server: str, tool: str) -> list[BucketTake]:
+    return [
+        BucketTake(bucket_key(name, rate, agent, server, tool), rate.tokens, rate.period_s)
+        for name, rate in limits
+    ]

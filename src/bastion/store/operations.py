@@ -396,10 +396,10 @@ class StoreOperations:
             raise ValueError("each bucket may be named once per take")
         return await self._write(lambda: token_buckets.take_tokens(wanted, now_us))
 
-    async def give_back_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> None:
-        returned, now_us = tuple(buckets), to_us(now)
-        if returned:
-            await self._write(lambda: token_buckets.give_back_tokens(returned, now_us))
+    async def refund_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> None:
+        wanted, now_us = tuple(buckets), to_us(now)
+        if wanted:
+            await self._write(lambda: token_buckets.refund_tokens(wanted, now_us))
 
     async def prune_token_buckets(self, *, now: datetime) -> int:
         now_us = to_us(now)

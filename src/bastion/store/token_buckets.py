@@ -57,11 +57,8 @@ class TokenBucketStore(Protocol):
         """
         ...
 
-    async def give_back_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> None:
-        """Return one token to each bucket (never above its capacity): its call was refused before its send.
-
-        A bucket that was forgotten is full already and stays so.
-        """
+    async def refund_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> None:
+        """Give back one token to each bucket (capped at capacity): a call refused before its send."""
         ...
 
     async def prune_token_buckets(self, *, now: datetime) -> int:

@@ -415,8 +415,8 @@ class FaultyStore:
     async def take_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> TokensRefused | None:
         return await self.inner.take_tokens(buckets, now=now)
 
-    async def give_back_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> None:
-        await self.inner.give_back_tokens(buckets, now=now)
+    async def refund_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> None:
+        await self.inner.refund_tokens(buckets, now=now)
 
     async def prune_token_buckets(self, *, now: datetime) -> int:
         return await self.inner.prune_token_buckets(now=now)

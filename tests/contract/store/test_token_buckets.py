@@ -82,16 +82,15 @@ async def test_one_bucket_named_twice_is_refused(store: Store) -> None:
         await store.take_tokens([PER_MINUTE, PER_MINUTE], now=later(0))
 
 
-async def test_a_token_given_back_can_be_taken_again_but_never_above_capacity(store: Store) -> None:
-    """A refund restores one token to a spent bucket; refunds into a full or unknown bucket add nothing."""
+async def test_a_refund_gives_one_token_back_capped_at_capacity(store: Store) -> None:
+    """A refunded token can be taken again at once; refunds never fill a bucket past its capacity."""
     for _ in range(3):
         await store.take_tokens([PER_MINUTE], now=later(0))
-    await store.give_back_tokens([PER_MINUTE], now=later(0))
+    await store.refund_tokens([PER_MINUTE], now=later(0))
     assert await store.take_tokens([PER_MINUTE], now=later(0)) is None
     assert await store.take_tokens([PER_MINUTE], now=later(0)) is not None
-    await store.give_back_tokens([OTHER], now=later(0))  # never taken: nothing to give back
-    for _ in range(3):
-        await store.give_back_tokens([PER_MINUTE], now=later(0))
-    for _ in range(3):
-        assert await store.take_tokens([PER_MINUTE], now=later(0)) is None
-    assert await store.take_tokens([PER_MINUTE], now=later(0)) is not None
+    for _ in range(5):
+        await store.refund_tokens([OTHER], now=later(0))  # OTHER was never taken from: no row, no-op
+    for _ in range(5):
+        assert await store.take_tokens([OTHER], now=later(0)) is None
+    assert await store.take_tokens([OTHER], now=later(0)) is not None

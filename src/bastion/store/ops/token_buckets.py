@@ -60,13 +60,14 @@ def _level(bucket: BucketTake, row: tuple[Any, ...] | None, now_us: int) -> tupl
     return min(float(bucket.capacity), refilled), now_us
 
 
-def give_back_tokens(buckets: Sequence[BucketTake], now_us: int) -> Op[None]:
+def refund_tokens(buckets: Sequence[BucketTake], now_us: int) -> Op[None]:
+    """Give one token back to each bucket that exists, capped at its capacity."""
     for bucket in sorted(buckets, key=lambda b: b.key):
         row = yield from one(
             "SELECT tokens, updated_us FROM token_buckets WHERE bucket = ?", bucket.key, lock="FOR UPDATE"
         )
         if row is None:
-            continue  # forgotten: full
+            continue  # forgotten because full: nothing to give back
         level, stamp = _level(bucket, row, now_us)
         level = min(float(bucket.capacity), level + 1.0)
         full_at = stamp + math.ceil((bucket.capacity - level) / bucket.refill_per_s * _US)
