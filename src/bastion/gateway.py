@@ -42,6 +42,7 @@ from bastion.auth.bearer import StaticBearerAuth
 from bastion.auth.oauth import OAuthVerifier, resource_metadata_url, www_authenticate
 from bastion.auth.principal import Principal
 from bastion.auth.roles import check_store_roles
+from bastion.background import BackgroundTasks
 from bastion.call import ToolCallPath
 from bastion.crypto.keys import Keyring
 from bastion.errors import AgentSessionRevoked, BastionError, ConfigError, StoreError, WorkerSuperseded
@@ -53,6 +54,7 @@ from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
 from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
+from bastion.session.listeners import TOOLS_LIST_CHANGED, ListenerHub
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
@@ -66,6 +68,7 @@ from bastion.workers.attachment import (
     persist_surface_change,
     transport_session_ref,
 )
+from bastion.workers.late_write import LateWrite, record_late_write
 from bastion.workers.membership import WorkerMembership
 from bastion.workers.recovery import recover_generation
 from bastion.workers.runtimes import RuntimeRegistry
@@ -145,6 +148,8 @@ class Gateway:
         self._runtime_hook: Callable[[str, Any], None] | None = None
         self.runtimes: RuntimeRegistry | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
+        # Loops that write to the store: ended before the store closes (issue #11 point 16).
+        self.background = BackgroundTasks()
         self.fleet = UpstreamFleet(
             snapshot, on_namespace_changed=self.broadcast_tools_changed, on_process_event=self._process_event
         )
@@ -160,6 +165,8 @@ class Gateway:
         self.recorder: EvidenceRecorder | None = None
         self.call_path: ToolCallPath | None = None
         self.router: MethodRouter | None = None
+        # Open subscriptions/listen streams (sessionless clients' list_changed notifications).
+        self.listeners = ListenerHub()
         self._tsm = ConfigfsTsm(options.tsm_root)
         self._tsm_reason: str | None = None
         self._profile = ClaimProfile(
@@ -280,8 +287,15 @@ class Gateway:
             limiter=self.limiter,
             attachments=self.attachments,
             shared_limits=StoreRateLimiter(store, lambda: datetime.now(UTC)),
+            on_late_write=self._record_late_write,
         )
-        self.router = MethodRouter(self.fleet, self.call_path, self.snapshot, on_surface=self._surface_listed)
+        self.router = MethodRouter(
+            self.fleet,
+            self.call_path,
+            self.snapshot,
+            on_surface=self._surface_listed,
+            listeners=self.listeners,
+        )
         oauth = self.policy.current.auth.oauth
         verifier = None
         if oauth is not None:
@@ -289,7 +303,7 @@ class Gateway:
             verifier = OAuthVerifier(oauth, self._oauth_http)
         self._store_auth = StoreBearerAuth(store)
         self.authenticator = Authenticator(self.auth, self._store_auth, verifier)
-        task_group.start_soon(self._follow_revocations)
+        self.background.start_soon(task_group, self._follow_revocations)
         self.runtimes = RuntimeRegistry(
             store,
             clock=lambda: datetime.now(UTC),
@@ -297,13 +311,14 @@ class Gateway:
             heartbeat_s=options.heartbeat_s,
             owner=options.generation,
             launched_by=self.membership.worker,
+            fence=self.membership.check_current,  # runtime heartbeats end with this gateway's epoch
         )
         self._runtime_hook = self.runtimes.process_hook(self.policy.current.version)
-        task_group.start_soon(self.runtimes.run)
+        task_group.start_soon(self.runtimes.run)  # ended by runtimes.settle() at shutdown
         await self.fleet.start(task_group)
-        task_group.start_soon(self.membership.heartbeat_forever)
-        task_group.start_soon(self.health.watch, self._probe_store)
-        task_group.start_soon(self._sweep_idle)
+        self.background.start_soon(task_group, self.membership.heartbeat_forever)
+        self.background.start_soon(task_group, self.health.watch, self._probe_store)
+        self.background.start_soon(task_group, self._sweep_idle)
         # --- issue #5 (workers/takeover.py): peer takeover. As a survivor, take over a peer's
         # generation whose holder is not live (expired heartbeat, or a PID known dead on this host)
         # and that left work unsettled; recover it under a fresh recovery worker and a strictly
@@ -350,9 +365,36 @@ class Gateway:
                 own_generation=options.generation,
             )
 
-        task_group.start_soon(watch_for_peers)
+        self.background.start_soon(task_group, watch_for_peers)
         # --- end issue #5 block
         self.started.set()
+
+    async def _record_late_write(self, late: LateWrite) -> str:
+        """Record what this superseded worker observed, under a fresh current writer (issue #11 point 5)."""
+        assert self.store is not None and self.keyring is not None
+        store, keyring, options = self.store, self.keyring, self.options
+
+        def recorder_for(membership: WorkerMembership) -> EvidenceRecorder:
+            return EvidenceRecorder(
+                store,
+                keyring,
+                membership,
+                attest=self._attest,
+                profile=self._profile,
+                policy=self.policy_in_force,
+                max_entries=options.evidence_max_entries,
+                max_age_s=options.evidence_max_age_s,
+            )
+
+        return await record_late_write(
+            store,
+            late,
+            recorder_for=recorder_for,
+            policy_version=self.policy.current.version,
+            lease_s=options.lease_s,
+            heartbeat_s=options.heartbeat_s,
+            clock=lambda: datetime.now(UTC),
+        )
 
     def _process_event(self, kind: str, upstream: Any) -> None:
         if self._runtime_hook is not None:
@@ -363,10 +405,19 @@ class Gateway:
         await self.store.heartbeat(self.membership.worker, datetime.now(UTC))
 
     async def aclose(self) -> None:
+        """Shut down in an order where nothing writes after the store closed (issue #11 point 16).
+
+        (1) client sessions (their evidence closed, claims issued); (2) the upstreams (processes
+        stopped); (3) their exits recorded; (4) every background loop ended; (5) the store.
+        """
+        self.listeners.close_all()
         with anyio.CancelScope(shield=True):
             for transport_session in list(self.registry):
                 await self.close_transport_session(transport_session, "shutdown")
             await self.fleet.aclose()
+            if self.runtimes is not None:
+                await self.runtimes.settle()
+            await self.background.cancel_and_wait()
             if self._oauth_http is not None:
                 await self._oauth_http.aclose()
             if self.store is not None:
@@ -413,13 +464,13 @@ class Gateway:
         except StoreError as exc:
             self.health.failed(exc, owed=lambda: scope.close(reason))
 
-    async def audit_isolation(self, agent: AgentId, cause: str) -> None:
+    async def audit_isolation(self, agent: AgentId, cause: str, reason: str = "session_not_found") -> None:
         scope = self.evidence_for(agent)
         try:
             await scope.record(
                 AuditEvent.ISOLATION_REFUSED,
                 decision=Decision.DENY.value,
-                reason="session_not_found",
+                reason=reason,
                 detail={"cause": cause},
             )
         except StoreError as exc:
@@ -443,6 +494,8 @@ class Gateway:
     async def _persist_surface(self, change: SurfaceChange) -> None:
         if self.store is None or self.membership is None or self.membership.superseded:
             return
+        if self.background.closed:
+            return  # shutting down: this worker's liveness ends, and with it what its records prove
         worker, epoch = self.membership.credentials()
 
         def worker_for(namespace: str) -> WorkerId | None:
@@ -465,6 +518,13 @@ class Gateway:
         """The sanctioned re-attach: re-initialize that session's upstream session, refresh the surface."""
         transport_session = next((t for t in self.registry if transport_session_ref(t.id) == ref), None)
         server = next((n for n, u in self.fleet.upstreams.items() if u.namespace == namespace), None)
+        owner = self.attachments.owner_of(ref)
+        if transport_session is None and server is not None and isinstance(owner, Principal):
+            # A sessionless agent has no upstream session to re-initialize: refresh the namespace's
+            # tools and list them for that agent (issue #11 point 2).
+            await self.fleet.refresh_server(server)
+            visible = visible_tools(self.snapshot(), owner, self.fleet.catalog.values())
+            return frozenset(entry.namespace for entry in visible)
         if transport_session is None or server is None:
             raise RuntimeError("unknown transport session or namespace")
         stale = transport_session.upstream_sessions.get(server)
@@ -598,6 +658,13 @@ class Gateway:
             if candidate.auth != current.auth:
                 # Credentials checked at start (OAuth verifier, admin token) must not half-change.
                 raise ConfigError(f"{current.source}: [auth] changed; restart the gateway to apply it")
+            if {a.name for a in candidate.agents if a.anonymous} != {
+                a.name for a in current.agents if a.anonymous
+            }:
+                # Only `bastion serve` knows the bind, so only a start may admit an anonymous agent.
+                raise ConfigError(
+                    f"{current.source}: the anonymous agent changed; restart the gateway to apply it"
+                )
             return candidate
 
         self.policy.reload(loader, source=current.source)
@@ -629,6 +696,16 @@ class Gateway:
             await self._close_evidence(transport_session.evidence, CloseReason(reason))
         logger.info("transport session closed", extra={"reason": reason, "agent": transport_session.agent})
 
+    def pass_on_client_notification(self, transport_session: TransportSession, method: str) -> None:
+        """A session-era client's ``roots/list_changed`` reaches its own upstream sessions, and no other."""
+        if self._task_group is None:
+            return
+        for server in transport_session.upstream_sessions.servers():
+            upstream_session = transport_session.upstream_sessions.get(server)
+            upstream = self.fleet.upstreams.get(server)
+            if upstream is not None and upstream_session is not None:
+                self._task_group.start_soon(upstream.notify_session, upstream_session, method)
+
     async def broadcast_tools_changed(self, namespace: str) -> None:
         """Tell the client sessions that see ``namespace`` (their grants cover one of its tools)."""
         payload = dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
@@ -637,6 +714,11 @@ class Gateway:
         for transport_session in self.registry:
             if visible_tools(snapshot, transport_session.principal, entries):
                 transport_session.server_stream.publish(payload)
+        self.listeners.publish(
+            TOOLS_LIST_CHANGED,
+            "notifications/tools/list_changed",
+            lambda principal: bool(visible_tools(snapshot, principal, entries)),
+        )
 
     async def _sweep_idle(self) -> None:
         while True:
@@ -672,6 +754,7 @@ class Gateway:
             "transport_sessions": len(self.registry),
             "upstreams": upstreams,
             "skipped_tools": list(self.fleet.skipped_tools),
+            "tool_collisions": [c.describe() for c in self.fleet.tool_collisions],
             "store": {
                 "degraded": self.health.degraded,
                 "reason": self.health.degraded_reason,

@@ -96,9 +96,11 @@ def _parser() -> argparse.ArgumentParser:
 
     from bastion.cli.agent_session_cmd import add_agent_session_parser
     from bastion.cli.connect_cmd import add_connect_parser
+    from bastion.cli.workers_cmd import add_workers_parser
 
     add_agent_session_parser(sub)
     add_connect_parser(sub)
+    add_workers_parser(sub)
     return parser
 
 
@@ -186,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         from bastion.cli.connect_cmd import run_connect
 
         return run_connect(args)
+    if args.command == "workers":
+        from bastion.cli.workers_cmd import run_workers
+
+        return run_workers(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 

@@ -81,6 +81,7 @@ _GATEWAY_KEYS = frozenset(
         "tool_separator",
         "max_body_bytes",
         "allowed_origins",
+        "allowed_hosts",
         "transport_session_idle_s",
         "upstream_timeout_s",
         "max_transport_sessions",
@@ -89,8 +90,8 @@ _GATEWAY_KEYS = frozenset(
 )
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd"})
-_SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s"}
-_AGENT_KEYS = frozenset({"token_sha256"})
+_SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s", "transparent"}
+_AGENT_KEYS = frozenset({"token_sha256", "anonymous"})
 _SUBJECT_KEYS = frozenset(kind.value for kind in SubjectKind)
 _GRANT_KEYS = _SUBJECT_KEYS | {
     "name",
@@ -304,6 +305,11 @@ def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
         for index, origin in enumerate(origins):
             _check_origin(ctx, origin, f"gateway.allowed_origins[{index}]")
         kwargs["allowed_origins"] = tuple(origins)
+    if "allowed_hosts" in table:
+        hosts = ctx.string_list(table["allowed_hosts"], "gateway.allowed_hosts")
+        for index, host in enumerate(hosts):
+            _check_host(ctx, host, f"gateway.allowed_hosts[{index}]")
+        kwargs["allowed_hosts"] = tuple(hosts)
     return ctx.build(GatewaySettings, **kwargs)
 
 
@@ -331,6 +337,9 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
         raise ctx.error(key, "missing key: a server needs url (http) or command (stdio)")
     namespace = ctx.string(table["namespace"], f"{key}.namespace") if "namespace" in table else name
     timeout_s = ctx.number(table["timeout_s"], f"{key}.timeout_s") if "timeout_s" in table else None
+    transparent = table.get("transparent", False)
+    if not isinstance(transparent, bool):
+        raise ctx.error(f"{key}.transparent", "must be true or false")
     if has_url:
         stray = [other for other in sorted(_STDIO_KEYS) if other in table]
         if stray:
@@ -350,6 +359,7 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
             headers=headers,
             era=era,
             timeout_s=timeout_s,
+            transparent=transparent,
         )
     stray = [other for other in sorted(_HTTP_KEYS) if other in table]
     if stray:
@@ -370,6 +380,7 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
         env=env,
         cwd=cwd,
         timeout_s=timeout_s,
+        transparent=transparent,
     )
 
 
@@ -419,6 +430,14 @@ def _read_agents(ctx: _Context, value: Any) -> list[AgentSpec]:
         key = _key_path("agents", name)
         agent = ctx.table(agent_value, key)
         ctx.refuse_unknown(agent, _AGENT_KEYS, key)
+        anonymous = agent.get("anonymous", False)
+        if not isinstance(anonymous, bool):
+            raise ctx.error(f"{key}.anonymous", "must be true or false")
+        if anonymous:
+            if "token_sha256" in agent:
+                raise ctx.error(f"{key}.token_sha256", "an anonymous agent has no token")
+            agents.append(ctx.build(AgentSpec, name=AgentId(name), anonymous=True))
+            continue
         if "token_sha256" not in agent:
             raise ctx.error(f"{key}.token_sha256", "missing key: the SHA-256 of the agent's bearer token")
         token_sha256 = ctx.string(agent["token_sha256"], f"{key}.token_sha256")
@@ -548,10 +567,22 @@ def _check_url(ctx: _Context, url: str, key: str) -> None:
         raise ctx.error(key, "the URL has no host")
 
 
+def _check_host(ctx: _Context, host: str, key: str) -> None:
+    # The Host header is compared verbatim (case aside): host[:port], or host:* for any port.
+    try:
+        parts = urlsplit("//" + host.removesuffix(":*"))
+        hostname = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ctx.error(key, "is not a valid host") from None
+    if not hostname or parts.path or parts.query or parts.fragment or parts.username or "/" in host:
+        raise ctx.error(key, "a host must look like name[:port] or name:* (no scheme, no path)")
+
+
 def _check_origin(ctx: _Context, origin: str, key: str) -> None:
     # The Origin header is compared verbatim, so anything but scheme://host[:port] never matches.
     try:
-        parts = urlsplit(origin)
+        parts = urlsplit(origin.removesuffix(":*"))
         hostname = parts.hostname
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
