@@ -4,7 +4,8 @@ An execution's evidence is spread over evidence sessions: each attempt's own
 session, the session a recovering worker wrote ``outcome_unknown`` or
 ``released`` in, and sessions holding entries written late, after storage
 recovered (``detail.late``, with ``detail.event_ts`` the time of the event).
-This command reads the store under ``--data-dir`` (never creating one) and
+This command reads the store under ``--data-dir`` (never creating one), or
+the PostgreSQL store of ``--store`` / ``BASTION_STORE``, and
 lists them all, oldest first; ``--export DIR`` also writes each evidence
 session's bundle (and claim, once it is closed) for ``bastion verify``.
 
@@ -13,6 +14,7 @@ Exit codes: 0 found (or nothing found: the output says so), 2 usage or I/O error
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,6 +28,7 @@ def run_find(
     *,
     agent: str | None = None,
     export_dir: Path | None = None,
+    store: str | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
@@ -34,38 +37,46 @@ def run_find(
 
     from bastion.audit.entry import AuditEntry
     from bastion.audit.export import write_bundle_file, write_claim_file
-    from bastion.errors import StoreError
+    from bastion.errors import ConfigError, StoreError
     from bastion.ids import AgentId, EvidenceSessionId, ExecutionId
-    from bastion.store.sqlite import SqliteStore
+    from bastion.store.select import SQLITE_FILE, choose_store_url, describe_store, open_store
 
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    path = data_dir / "bastion.db"
     if not execution_id:
         print("error: --execution-id must not be empty", file=err)
         return 2
-    if not path.is_file():  # never create a store where none is
-        print(f"error: no store at {path}", file=err)
+    try:
+        url = choose_store_url(store, os.environ)
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=err)
+        return 2
+    path = describe_store(url, data_dir)
+    if url is None and not (data_dir / SQLITE_FILE).is_file():  # never create a store where none is
+        print(f"error: no store at {data_dir / SQLITE_FILE}", file=err)
         return 2
 
     Chains = dict[str, tuple[list[AuditEntry], dict[str, Any] | None]]
 
     async def read() -> tuple[list[AuditEntry], dict[str, str], Chains]:
-        async with await SqliteStore.open(path) as store:
-            entries = await store.find_entries(
+        opened = await open_store(url, data_dir)
+        try:
+            entries = await opened.find_entries(
                 ExecutionId(execution_id), agent=AgentId(agent) if agent is not None else None
             )
             states: dict[str, str] = {}
             chains: Chains = {}
             for session_id in dict.fromkeys(entry.session_id for entry in entries):
-                chain = await store.get_chain(EvidenceSessionId(session_id))
-                claim = await store.get_claim(EvidenceSessionId(session_id))
+                chain = await opened.get_chain(EvidenceSessionId(session_id))
+                claim = await opened.get_claim(EvidenceSessionId(session_id))
                 states[session_id] = (
                     "claim issued" if claim else ("closed" if chain and chain.closed else "open")
                 )
                 if export_dir is not None:
-                    chains[session_id] = (await store.read_chain(EvidenceSessionId(session_id)), claim)
+                    chains[session_id] = (await opened.read_chain(EvidenceSessionId(session_id)), claim)
             return entries, states, chains
+        finally:
+            await opened.aclose()
 
     try:
         entries, states, chains = anyio.run(read)
