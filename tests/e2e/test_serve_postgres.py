@@ -88,7 +88,7 @@ async def test_serve_uses_the_postgres_store_it_is_given(
             found_out, found_err = io.StringIO(), io.StringIO()
             found = await anyio.to_thread.run_sync(
                 lambda: run_find(
-                    tmp_path / "data", "pg-find-1", agent="alice", store=url, out=found_out, err=found_err
+                    tmp_path / "data", "pg-find-1", agent="alice", store_url=url, out=found_out, err=found_err
                 )
             )
             code, out, err = await anyio.to_thread.run_sync(read_workers, url)
