@@ -69,6 +69,7 @@ def create_app(
         # client gets the bare verdict (issue #12).
         if not AdminGate(gateway.snapshot().auth.admin_token_sha256).admits(request):
             return JSONResponse({"ready": ready}, status_code=status)
+        detail["policy_fleet"] = await gateway.fleet_policy()  # issue #10: who runs which snapshot
         return JSONResponse(detail, status_code=status)
 
     async def metrics(request: Request) -> Response:
@@ -140,7 +141,7 @@ def create_app(
                     challenge=gateway.challenge,
                     registry=gateway.registry,
                     router=gateway.router,
-                    close_session=gateway.close_transport_session,
+                    close_session=gateway.end_transport_session,
                     evidence_for=gateway.evidence_for,
                     request_evidence_for=gateway.request_evidence_for,
                     end_request_evidence=gateway.end_request_evidence,
@@ -149,6 +150,7 @@ def create_app(
                     track_sessionless=gateway.sessionless_call,
                     client_notified=gateway.pass_on_client_notification,
                     cut_cause=gateway.cut_cause,
+                    replicas=gateway.shared,
                 )
                 state["admin"] = _admin_router(gateway)
                 yield

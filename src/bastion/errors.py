@@ -12,6 +12,7 @@
     │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)
     │  ├─ UnsupportedProtocolVersion (-32022, 400)
     │  ├─ MethodNotAllowed (405)   TooManySessions (503)   WorkerSuperseded (503)
+│  ├─ SessionStoreUnavailable (503)
     │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
     ├─ CallRefused            inside a call: HTTP 200 + JSON-RPC error in -32000…-32099
     │  ├─ UnknownTool   GrantDenied   InvalidCmcpEnvelope   ArgumentConstraintFailed   RateLimited
@@ -70,6 +71,7 @@ __all__ = [
     "RequestRejected",
     "SessionIdMissing",
     "SessionNotFound",
+    "SessionStoreUnavailable",
     "StaleEpoch",
     "StoreError",
     "TooManySessions",
@@ -106,6 +108,7 @@ class Reason(enum.StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     TOO_MANY_SESSIONS = "too_many_sessions"
     WORKER_SUPERSEDED = "worker_superseded"
+    SESSION_STORE_UNAVAILABLE = "session_store_unavailable"
     CREDENTIAL_INVALID = "credential_invalid"
     AGENT_SESSION_EXPIRED = "agent_session_expired"
     AGENT_SESSION_REVOKED = "agent_session_revoked"
@@ -275,6 +278,14 @@ class WorkerSuperseded(RequestRejected):
     reason = Reason.WORKER_SUPERSEDED
     http_status = 503
     default_message = "Service Unavailable: this gateway worker was superseded"
+
+
+class SessionStoreUnavailable(RequestRejected):
+    """A transport session could not be recorded or read in the store: nothing was opened or served (#10)."""
+
+    reason = Reason.SESSION_STORE_UNAVAILABLE
+    http_status = 503
+    default_message = "Service Unavailable: the transport session store cannot be reached"
 
 
 class MethodNotAllowed(RequestRejected):
