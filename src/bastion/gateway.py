@@ -52,6 +52,7 @@ from bastion.policy.reload import SnapshotHolder
 from bastion.policy.snapshot import Snapshot
 from bastion.session.listeners import TOOLS_LIST_CHANGED, ListenerHub
 from bastion.session.registry import SessionRegistry
+from bastion.session.replay import ReplayLimits
 from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
@@ -133,6 +134,11 @@ class Gateway:
             idle_timeout_s=snapshot.gateway.transport_session_idle_s,
             max_sessions=snapshot.gateway.max_transport_sessions,
             clock=clock,
+            replay_limits=ReplayLimits(
+                events_per_stream=snapshot.gateway.sse_replay_events,
+                bytes_per_stream=snapshot.gateway.sse_replay_bytes,
+                streams_per_session=snapshot.gateway.sse_replay_streams,
+            ),
         )
         self._runtime_hook: Callable[[str, Any], None] | None = None
         self.runtimes: RuntimeRegistry | None = None

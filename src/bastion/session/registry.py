@@ -17,6 +17,7 @@ from bastion.audit.scope import EvidenceScope
 from bastion.auth.principal import Principal
 from bastion.errors import SessionNotFound
 from bastion.ids import TransportSessionId, new_transport_session_id
+from bastion.session.replay import ReplayLimits, SessionStreams
 from bastion.session.state import InFlightCall, TransportSession
 
 __all__ = ["SessionRegistry"]
@@ -32,7 +33,9 @@ class SessionRegistry:
         max_sessions: int,
         clock: Callable[[], float] = time.monotonic,
         mint_id: Callable[[], TransportSessionId] = new_transport_session_id,
+        replay_limits: ReplayLimits | None = None,
     ) -> None:
+        self._replay_limits = replay_limits or ReplayLimits()
         self._sessions: dict[TransportSessionId, TransportSession] = {}
         self._idle_timeout_s = idle_timeout_s
         self._max_sessions = max_sessions
@@ -68,6 +71,7 @@ class SessionRegistry:
             created_at=now,
             last_seen=now,
             evidence=evidence,
+            streams=SessionStreams(self._replay_limits),
         )
         self._sessions[session_id] = transport_session
         return transport_session

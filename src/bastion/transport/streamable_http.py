@@ -56,7 +56,7 @@ from bastion.methods import SERVER_CAPABILITIES, SERVER_INFO, MethodRouter, for_
 from bastion.policy.snapshot import Snapshot
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import InFlightCall, TransportSession
-from bastion.transport.channel import ResponseChannel, sse_frame
+from bastion.transport.channel import ResponseChannel
 from bastion.transport.jsonrpc import (
     Notification,
     Request,
@@ -70,6 +70,7 @@ from bastion.transport.jsonrpc import (
 )
 from bastion.transport.rebinding import check_host_and_origin
 from bastion.transport.relay import StreamRelay
+from bastion.transport.resume import serve_event_stream
 from bastion.upstream.base import UpstreamReplied
 from bastion.versions import (
     HANDSHAKE_VERSIONS,
@@ -83,7 +84,6 @@ __all__ = ["FrontDoor"]
 
 logger = logging.getLogger(__name__)
 
-_KEEPALIVE_S = 15.0
 SessionClosed = Callable[[TransportSession, str], Awaitable[None]]
 
 
@@ -316,8 +316,12 @@ class FrontDoor:
         before_finish: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Dispatch one request and write its answer to its own channel only."""
-        channel = ResponseChannel(send, sse_allowed=sse_allowed)
         transport_session = caller.transport_session
+        channel = ResponseChannel(
+            send,
+            sse_allowed=sse_allowed,
+            open_stream=None if transport_session is None else transport_session.streams.open_response_stream,
+        )
         caller = dataclasses.replace(caller, relay=StreamRelay(channel, transport_session))
         sessionless = transport_session is None
         in_flight: InFlightCall | None = None
@@ -442,57 +446,7 @@ class FrontDoor:
         version_header = headers.get("mcp-protocol-version")
         if version_header is not None and version_header != transport_session.protocol_version:
             raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
-        stream = transport_session.server_stream
-        prefix, last_seen = _parse_last_event_id(headers.get("last-event-id"))
-        if prefix != stream_prefix(transport_session):
-            last_seen = None  # an id from another stream resumes nothing here
-        reader = stream.attach()
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"text/event-stream"),
-                        (b"cache-control", b"no-cache, no-transform"),
-                        (b"mcp-session-id", transport_session.id.encode()),
-                    ],
-                }
-            )
-            cursor = last_seen if last_seen is not None else stream.last_id()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
-                while not transport_session.terminated and stream.is_current(reader):
-                    for event_id, payload in stream.after(cursor):
-                        frame = sse_frame(payload, None)
-                        frame = f"id: {stream_prefix(transport_session)}-{event_id}\n".encode() + frame
-                        await send({"type": "http.response.body", "body": frame, "more_body": True})
-                        cursor = event_id
-                    with anyio.move_on_after(_KEEPALIVE_S) as keepalive:
-                        await stream.wait_changed()
-                    if keepalive.cancelled_caught:
-                        await send(
-                            {"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True}
-                        )
-                tg.cancel_scope.cancel()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:
-            pass
-
-
-def stream_prefix(transport_session: TransportSession) -> str:
-    """Event ids name their stream, so a ``Last-Event-ID`` can only resume the stream it came from."""
-    return transport_session.server_stream.nonce
-
-
-def _parse_last_event_id(value: str | None) -> tuple[str | None, int | None]:
-    if not value:
-        return None, None
-    prefix, _, number = value.rpartition("-")
-    try:
-        return prefix, int(number)
-    except ValueError:
-        return None, None
+        await serve_event_stream(receive, send, transport_session, headers.get("last-event-id"))
 
 
 def _meta_of(decoded: dict[str, Any]) -> dict[str, Any]:
