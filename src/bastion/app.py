@@ -2,7 +2,8 @@
 
 Routes: ``/mcp`` (the front door), ``/healthz`` (process alive),
 ``/readyz`` (configuration loaded, upstreams reachable, per-upstream detail),
-``/metrics`` (Prometheus). The lifespan starts the gateway (upstreams
+``/metrics`` (Prometheus), ``/.well-known/bastion-keys.json`` (the signing keys
+to pin, ``crypto/key_set.py``). The lifespan starts the gateway (upstreams
 launched or connected, catalog built) and stops it (client sessions closed,
 stdio upstreams terminated).
 """
@@ -16,8 +17,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
@@ -27,10 +30,11 @@ from bastion.admin.api import AdminGate, admin_routes
 from bastion.audit.read_paths import EvidenceReadPaths
 from bastion.auth.oauth import protected_resource_metadata
 from bastion.auth.principal import Principal
-from bastion.errors import ConfigError
+from bastion.errors import BastionError, ConfigError
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.metrics import GatewayMetrics
 from bastion.policy.snapshot import Snapshot
+from bastion.start_refusal import StartRefusal, start_refusal_line
 from bastion.store.base import Store
 from bastion.transport.streamable_http import FrontDoor
 
@@ -81,6 +85,14 @@ def create_app(
             return JSONResponse({"error": {"reason": "not_configured"}}, status_code=404)
         return JSONResponse(protected_resource_metadata(auth.resource_url, [auth.oauth.issuer], ()))
 
+    async def published_keys(request: Request) -> Response:
+        # Public by design: verifiers pin these keys. Read per request: `bastion rotate-key` rewrites it.
+        gateway: Gateway | None = state.get("gateway")
+        if gateway is None or gateway.keyring is None:
+            return JSONResponse({"error": {"reason": "starting"}}, status_code=503)
+        document = await anyio.to_thread.run_sync(gateway.keyring.key_set)
+        return JSONResponse(document, headers={"cache-control": "no-cache"})
+
     class _Mcp:
         # An ASGI app (not a function) so Starlette hands it the raw scope.
         async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -109,7 +121,13 @@ def create_app(
         state["gateway"] = app.state.gateway = gateway
         async with anyio.create_task_group() as tg:
             try:
-                await gateway.start(tg)
+                try:
+                    await gateway.start(tg)
+                except (BastionError, OSError) as exc:
+                    # A refused start (held generation, unusable store or data directory) is one line,
+                    # not a traceback: see StartRefusal and `bastion serve` (issue #11).
+                    app.state.start_refusal = state["start_refusal"] = start_refusal_line(exc)
+                    raise
                 assert gateway.router is not None
                 state["front"] = FrontDoor(
                     snapshot=gateway.snapshot,
@@ -124,6 +142,7 @@ def create_app(
                     audit_isolation=gateway.audit_isolation,
                     serving=gateway.serving,
                     track_sessionless=gateway.sessionless_call,
+                    cut_cause=gateway.cut_cause,
                 )
                 state["admin"] = _admin_router(gateway)
                 yield
@@ -132,6 +151,7 @@ def create_app(
                 tg.cancel_scope.cancel()
 
     return Starlette(
+        middleware=[Middleware(StartRefusal, refusal=lambda: state.get("start_refusal"))],
         routes=[
             Route("/healthz", healthz),
             Route("/readyz", readyz),
@@ -140,8 +160,10 @@ def create_app(
             Route("/admin/{rest:path}", _Admin(), methods=["GET", "POST"]),
             Route("/.well-known/oauth-protected-resource", protected_resource),
             Route("/.well-known/oauth-protected-resource/mcp", protected_resource),
+            Route("/.well-known/bastion-keys.json", published_keys),
             Route("/sessions/{session_id}/trace-claim", evidence.trace_claim),
             Route("/audit/export", evidence.export),
+            Route("/audit/execution", evidence.execution),
         ],
         lifespan=lifespan,
     )
@@ -168,6 +190,7 @@ def _admin_router(gateway: Gateway) -> Router:
         admin_token_sha256=digest,
         clock=lambda: datetime.now(UTC),
         on_revoke=gateway.end_agent_session,
+        configured_digests=lambda: gateway.snapshot().credential_roles().keys(),
     )
     routes.append(Route("/admin/reload", gate.wrap(reload), methods=["POST"]))
     from bastion.admin.workers import worker_routes

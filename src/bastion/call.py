@@ -17,8 +17,9 @@ and the audit entry owed is written once storage returns.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ import anyio
 from bastion.admission.binding import compute_binding
 from bastion.admission.envelope import CmcpEnvelope, read_envelope
 from bastion.admission.states import ExecutionState
+from bastion.audit.earlier import name_earlier_attempt
 from bastion.audit.entry import AuditEntry, AuditEvent, Decision, digest_json
 from bastion.audit.scope import EvidenceScope
 from bastion.caller import Caller
@@ -36,6 +38,7 @@ from bastion.errors import (
     ExecutionCollision,
     ExecutionInFlight,
     ExecutionReplay,
+    GrantDenied,
     InvalidParams,
     NotDurable,
     StaleEpoch,
@@ -44,19 +47,26 @@ from bastion.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from bastion.ids import CallId, new_call_id
+from bastion.ids import CallId, Epoch, WorkerId, new_call_id
 from bastion.policy.decide import RateLimiter, decide, visible_tools
+from bastion.policy.grants import Rate
+from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
+from bastion.settle import send_and_settle
 from bastion.store.base import Store
 from bastion.store.health import StoreHealth
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
-from bastion.workers.attachment import AttachmentTracker, transport_session_ref
+from bastion.workers.attachment import AttachmentTracker, sessionless_ref, transport_session_ref
+from bastion.workers.late_write import LateWrite
 from bastion.workers.membership import WorkerMembership
 
 __all__ = ["RECEIPT_META_KEY", "ToolCallPath", "strip_reserved_meta"]
 
+logger = logging.getLogger(__name__)
+
 RECEIPT_META_KEY = "io.bastion/receipt"
+_LATE_WRITE_REPORT_S = 10.0  # bound on recording what a superseded worker observed
 _RESERVED_META_PREFIX = "io.modelcontextprotocol/"
 
 
@@ -84,6 +94,8 @@ class _Attempt:
     args_digest: str | None = None
     last: AuditEntry | None = None
     pending: list[tuple[AuditEvent, dict[str, Any]]] = field(default_factory=list)
+    charged: tuple[tuple[str, Rate], ...] = ()  # rate-limit tokens taken, until the call is sent
+    sent: bool = False
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -112,9 +124,14 @@ class ToolCallPath:
         limiter: RateLimiter,
         attachments: AttachmentTracker,
         monotonic: Callable[[], float] = time.monotonic,
+        shared_limits: StoreRateLimiter | None = None,
+        on_late_write: Callable[[LateWrite], Awaitable[object]] | None = None,
     ) -> None:
+        self._on_late_write = on_late_write
         self._attachments = attachments
         self._limiter = limiter
+        # Rate-limit tokens from the store (shared by replicas) instead of ``limiter``, when given.
+        self._shared_limits = shared_limits
         self._monotonic = monotonic
         self._fleet = fleet
         self._snapshot = snapshot
@@ -136,11 +153,18 @@ class ToolCallPath:
         attempt = _Attempt(call_id=new_call_id(), policy_version=snapshot.version)
         scope = caller.evidence
         try:
-            return await self._run(caller, params, snapshot, attempt, scope)
-        except StaleEpoch:
-            # A newer epoch holds this worker's generation: it stops serving from now on.
-            self._membership.superseded = True
-            raise
+            return await self._run_charged(caller, params, snapshot, attempt, scope)
+        except StaleEpoch as exc:
+            # A newer epoch holds this worker's generation: it stops serving from now on, and the
+            # caller hears that (not a storage failure): issue #11 point 5.
+            self._membership.mark_superseded("a write was refused")
+            data = {k: v for k, v in exc.data.items() if k != "audited"}
+            raise StaleEpoch(
+                "This gateway worker was superseded by a newer epoch; its write was refused. "
+                "The execution's outcome is the one its recovery recorded.",
+                **data,
+                receipt=self._receipt(scope, attempt),
+            ) from exc
         except (CallRefused, InvalidParams) as exc:
             if not exc.data.get("audited"):
                 await self._audit_refusal(scope, attempt, exc)
@@ -150,6 +174,32 @@ class ToolCallPath:
         except (UpstreamError, StoreError) as exc:
             exc.data.pop("audited", None)
             exc.data["receipt"] = self._receipt(scope, attempt)
+            raise
+        finally:
+            scope.end_call(attempt.call_id)  # its chain slots are free (audit/recorder.py)
+
+    async def _run_charged(
+        self,
+        caller: Caller,
+        params: dict[str, Any],
+        snapshot: Snapshot,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+    ) -> dict[str, Any]:
+        try:
+            return await self._run(caller, params, snapshot, attempt, scope)
+        except BaseException:
+            # A call refused before the send spends no rate-limit token (issue #12).
+            if attempt.charged and not attempt.sent and attempt.entry is not None:
+                agent, server, tool = (
+                    str(caller.principal.agent),
+                    attempt.entry.server,
+                    attempt.entry.upstream_name,
+                )
+                if self._shared_limits is not None:
+                    await self._shared_limits.refund(attempt.charged, agent, server, tool)
+                else:
+                    self._limiter.refund(attempt.charged, agent, server, tool, self._monotonic())
             raise
 
     async def _run(
@@ -177,17 +227,32 @@ class ToolCallPath:
         if entry is None:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
         attempt.entry = entry
-        decision = decide(
-            snapshot,
-            caller.principal,
-            entry.server,
-            entry.namespace,
-            entry.upstream_name,
-            arguments,
-            now=self._monotonic(),
-            limiter=self._limiter,
-            has_execution_id=attempt.envelope.execution_id is not None,
-        )
+        try:
+            decision = decide(
+                snapshot,
+                caller.principal,
+                entry.server,
+                entry.namespace,
+                entry.upstream_name,
+                arguments,
+                now=self._monotonic(),
+                limiter=self._limiter if self._shared_limits is None else None,
+                has_execution_id=attempt.envelope.execution_id is not None,
+            )
+        except GrantDenied as exc:
+            # A tool hidden by grants is answered as unknown: the caller learns nothing of what it
+            # may not see; the audit keeps the truth (grant_denied, server, tool). Issue #12.
+            await self._audit_refusal(scope, attempt, exc)
+            raise UnknownTool(f"Unknown tool: {name}", tool=name, audited=True) from None
+        if self._shared_limits is not None:
+            await self._shared_limits.take(
+                decision.limits,
+                str(caller.principal.agent),
+                entry.server,
+                entry.upstream_name,
+                policy_version=snapshot.version,
+            )
+        attempt.charged = decision.limits
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)
@@ -202,13 +267,7 @@ class ToolCallPath:
             self._health.check_admissions()
         except NotDurable as exc:
             # Refused while storage cannot write: the refusal is owed to the audit (bounded queue).
-            owed = [
-                (
-                    AuditEvent.REFUSED,
-                    {**attempt.fields(), "decision": Decision.DENY.value, "reason": exc.reason.value},
-                )
-            ]
-            self._health.failed(exc, owed=lambda: scope.record_owed_many(owed))
+            self._health.failed(exc, owed=scope.owe([self._refusal(attempt, exc)]))
             raise
         execution_id = attempt.envelope.execution_id
         worker, epoch = self._membership.credentials()
@@ -226,15 +285,23 @@ class ToolCallPath:
                 await self._audit_refusal(scope, attempt, exc, event=AuditEvent.COLLISION)
                 raise
             except ExecutionReplay as exc:
+                await name_earlier_attempt(self._store, caller.agent, execution_id, exc.data)
+                earlier = {k: v for k, v in exc.data.items() if k.startswith("earlier_")}
                 await self._audit_refusal(
-                    scope, attempt, exc, event=AuditEvent.REPLAY, outcome=exc.data.get("earlier_outcome")
+                    scope,
+                    attempt,
+                    exc,
+                    event=AuditEvent.REPLAY,
+                    outcome=exc.data.get("earlier_outcome"),
+                    detail=earlier,
                 )
                 raise
             except ExecutionInFlight as exc:
                 await self._audit_refusal(scope, attempt, exc)
                 raise
             except StoreError as exc:
-                self._health.failed(exc)
+                # The refusal that trips degraded mode is owed to the audit like the ones after it.
+                self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
                 raise
         # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
         upstream = self._fleet.upstreams[entry.server]
@@ -272,37 +339,35 @@ class ToolCallPath:
                         scope, attempt, AuditEvent.REFUSED, decision=Decision.DENY.value, reason="not_durable"
                     )
                 raise failures[0]
+
         # Without an execution id there is no state to move: the admitted entry is written with
         # the outcome, durably, before the answer (DESIGN section 2 step 8).
-        ctx = CallContext(
-            relay=caller.relay,
-            client_capabilities=caller.client_capabilities,
-            progress_token=_progress_token(params),
-            upstream_sessions=caller.transport_session.upstream_sessions
-            if caller.transport_session
-            else None,
-            timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
-            log_level=caller.log_level,
-            client_answers_requests=caller.transport_session is not None,
-        )
-        try:
-            result = await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
-        except UpstreamReplied as exc:
-            await self._finish(caller, attempt, scope, ExecutionState.FAILED, reason="upstream_error")
-            raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
-        except UpstreamError as exc:
-            state = ExecutionState.OUTCOME_UNKNOWN if exc.may_have_acted else ExecutionState.FAILED
-            await self._finish(caller, attempt, scope, state, reason=exc.reason.value)
-            raise
-        except anyio.get_cancelled_exc_class():
-            # Cancelled after send (client cancel, closed stream, revocation): the upstream may have acted.
-            with anyio.CancelScope(shield=True):
-                await self._finish(caller, attempt, scope, ExecutionState.OUTCOME_UNKNOWN, reason="cancelled")
-            raise
+        async def send() -> dict[str, Any]:
+            ctx = CallContext(
+                relay=caller.relay,
+                client_capabilities=caller.client_capabilities,
+                progress_token=_progress_token(params),
+                upstream_sessions=caller.transport_session.upstream_sessions
+                if caller.transport_session
+                else None,
+                timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
+                log_level=caller.log_level,
+                client_answers_requests=caller.transport_session is not None,
+            )
+            return await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
 
-        # (8) Outcome: durable terminal state, then its audit entry, then the answer.
-        state = ExecutionState.FAILED if result.get("isError") is True else ExecutionState.COMPLETED
-        await self._finish(caller, attempt, scope, state, reason=None, result_digest=digest_json(result))
+        async def finish(
+            state: ExecutionState, *, reason: str | None, result_digest: str | None = None
+        ) -> None:
+            await self._finish(caller, attempt, scope, state, reason=reason, result_digest=result_digest)
+
+        # (8) Outcome: from here every way out (result, error, cancellation, garbage) records a
+        #     durable terminal state, then its audit entry, then answers (settle.py).
+        attempt.sent = True
+        try:
+            result = await send_and_settle(send, finish)
+        except UpstreamReplied as exc:
+            raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
         meta = dict(result.get("_meta") or {})
         meta[RECEIPT_META_KEY] = self._receipt(scope, attempt)
         return {**result, "_meta": meta}
@@ -326,6 +391,15 @@ class ToolCallPath:
                 await self._store.record_outcome(
                     caller.agent, execution_id, state, worker=worker, epoch=epoch
                 )
+            except StaleEpoch as exc:
+                # Superseded: recovery owns this execution. What this worker saw is not lost: it is
+                # recorded by a fresh, current writer (workers/late_write.py). Entries queued under
+                # the stale epoch could never be written; the report replaces them.
+                attempt.pending = []
+                await self._report_late_write(caller, attempt, scope, state, worker, epoch)
+                raise StaleEpoch(
+                    exc.message, observed_outcome=state.value, execution_id=execution_id
+                ) from exc
             except StoreError as exc:
                 # Not durable: the row stays invoking (refused forever), never terminal by guess.
                 owed = [
@@ -336,7 +410,7 @@ class ToolCallPath:
                     ),
                 ]
                 attempt.pending = []
-                self._health.failed(exc, owed=lambda: scope.record_owed_many(owed))
+                self._health.failed(exc, owed=scope.owe(owed))
                 raise NotDurable(
                     "The outcome could not be made durable; this execution_id stays refused",
                     observed_outcome=state.value,
@@ -355,7 +429,7 @@ class ToolCallPath:
                 caller.agent, attempt.envelope.execution_id, worker=worker, epoch=epoch
             )
         except StoreError as exc:
-            self._health.failed(exc)
+            self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
             raise
         await self._record(scope, attempt, AuditEvent.RELEASED, outcome=ExecutionState.RELEASED.value)
 
@@ -366,13 +440,14 @@ class ToolCallPath:
             ref = transport_session_ref(transport_session.id)
             listed = transport_session.surface_namespaces
         else:
-            ref = "sessionless"
+            ref = sessionless_ref(caller.agent, caller.principal.agent_session_id)
             listed = None
         if listed is None:
             # Never listed (or sessionless): the surface is what this principal's tools/list would show.
             visible = visible_tools(snapshot, caller.principal, self._fleet.catalog.values())
             listed = frozenset(entry.namespace for entry in visible)
-            self._attachments.surface_listed(ref, listed)
+            owner = caller.principal if transport_session is None else None
+            self._attachments.surface_listed(ref, listed, owner=owner)
         self._attachments.check(ref, required, tool_read_only=False)
 
     def _queue(self, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
@@ -381,7 +456,8 @@ class ToolCallPath:
 
     async def _record_pending(self, scope: EvidenceScope, attempt: _Attempt) -> None:
         """Write the queued entries now, durably: something irreversible follows (raises ``NotDurable``)."""
-        await self._write_batch(scope, attempt, [], durable=True)
+        # One more entry of this call follows (its outcome or refusal): it stays in this chain.
+        await self._write_batch(scope, attempt, [], durable=True, then=1)
 
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         """Write the queued entries and this one in one go (raises ``NotDurable``).
@@ -398,13 +474,16 @@ class ToolCallPath:
         extra: list[tuple[AuditEvent, dict[str, Any]]],
         *,
         durable: bool,
+        then: int = 0,
     ) -> None:
         batch = [*attempt.pending, *extra]
         attempt.pending = []
         try:
-            entries = await scope.record_many(batch, durable=durable)
+            entries = await scope.record_many(batch, durable=durable, then=then)
+        except StaleEpoch:
+            raise  # superseded, not a storage failure: nothing is owed under a stale epoch
         except StoreError as exc:
-            self._health.failed(exc, owed=lambda: scope.record_owed_many(batch))
+            self._health.failed(exc, owed=scope.owe(batch))
             raise NotDurable("The audit entry could not be made durable") from exc
         if entries:
             attempt.last = entries[-1]
@@ -417,12 +496,66 @@ class ToolCallPath:
         *,
         event: AuditEvent = AuditEvent.REFUSED,
         outcome: str | None = None,
+        detail: dict[str, Any] | None = None,
     ) -> None:
         exc.data["audited"] = True
         with contextlib.suppress(NotDurable):  # owed to the audit; the refusal itself stands
             await self._record(
-                scope, attempt, event, decision=Decision.DENY.value, reason=exc.reason.value, outcome=outcome
+                scope,
+                attempt,
+                event,
+                decision=Decision.DENY.value,
+                reason=exc.reason.value,
+                outcome=outcome,
+                detail=detail,
             )
+
+    @staticmethod
+    def _refusal(attempt: _Attempt, exc: BastionError) -> tuple[AuditEvent, dict[str, Any]]:
+        """The refused entry of ``attempt``, for a refusal owed to the audit."""
+        return (
+            AuditEvent.REFUSED,
+            {**attempt.fields(), "decision": Decision.DENY.value, "reason": exc.reason.value},
+        )
+
+    def _owed_refusal(
+        self, scope: EvidenceScope, attempt: _Attempt, exc: StoreError
+    ) -> Callable[[], Awaitable[object]] | None:
+        """The refusal owed when a store write fails; none for a stale epoch (a superseded writer
+        can never write it: recording that belongs to the current holder)."""
+        if isinstance(exc, StaleEpoch):
+            return None
+        return scope.owe([*attempt.pending, self._refusal(attempt, exc)])
+
+    async def _report_late_write(
+        self,
+        caller: Caller,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+        state: ExecutionState,
+        worker: WorkerId,
+        epoch: Epoch,
+    ) -> None:
+        """Hand what this superseded worker observed to the late-write report; never raises."""
+        if self._on_late_write is None:
+            return
+        fields = {k: v for k, v in attempt.fields().items() if k not in ("call_id", "execution_id")}
+        late = LateWrite(
+            agent=caller.agent,
+            call_id=attempt.call_id,
+            execution_id=attempt.envelope.execution_id,
+            observed_outcome=state.value,
+            stale_worker=worker,
+            stale_epoch=epoch,
+            generation=self._membership.generation,
+            evidence_session_id=scope.session_id,
+            fields=fields,
+        )
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_LATE_WRITE_REPORT_S):
+            try:
+                await self._on_late_write(late)
+            except Exception:  # the refusal stands whether or not the report could be written
+                logger.exception("the late-write report could not be written")
 
     def _receipt(self, scope: EvidenceScope, attempt: _Attempt) -> dict[str, Any]:
         return {

@@ -18,7 +18,7 @@
     │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
     │  └─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
-    └─ StoreError             StaleEpoch   NotDurable   Conflict
+    └─ StoreError             StaleEpoch   NotDurable   Conflict   GenerationHeld (start refused)
 
 Checks raise; ``transport/`` renders. Every concrete class has a stable
 ``reason`` (a member of :class:`Reason`), a JSON-RPC code and an HTTP status,
@@ -46,6 +46,7 @@ __all__ = [
     "ExecutionIdRequired",
     "ExecutionInFlight",
     "ExecutionReplay",
+    "GenerationHeld",
     "GrantDenied",
     "HeaderMismatch",
     "HostForbidden",
@@ -128,6 +129,7 @@ class Reason(enum.StrEnum):
     STALE_EPOCH = "stale_epoch"
     NOT_DURABLE = "not_durable"
     CONFLICT = "conflict"
+    GENERATION_HELD = "generation_held"
 
 
 class BastionError(Exception):
@@ -478,3 +480,11 @@ class Conflict(StoreError):
     reason = Reason.CONFLICT
     jsonrpc_code = -32073
     default_message = "Conflicting write"
+
+
+class GenerationHeld(StoreError):
+    """Start-up refused: the generation stayed held by a live worker past this worker's lease."""
+
+    reason = Reason.GENERATION_HELD
+    jsonrpc_code = -32074
+    default_message = "The generation is held by a live worker"

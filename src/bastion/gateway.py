@@ -41,14 +41,18 @@ from bastion.auth.authenticator import Authenticator
 from bastion.auth.bearer import StaticBearerAuth
 from bastion.auth.oauth import OAuthVerifier, resource_metadata_url, www_authenticate
 from bastion.auth.principal import Principal
+from bastion.auth.roles import check_store_roles
+from bastion.background import BackgroundTasks
 from bastion.call import ToolCallPath
 from bastion.crypto.keys import Keyring
-from bastion.errors import ConfigError, StoreError, WorkerSuperseded
+from bastion.errors import AgentSessionRevoked, BastionError, ConfigError, StoreError, WorkerSuperseded
 from bastion.ids import AgentId, WorkerId
 from bastion.methods import MethodRouter
 from bastion.policy.decide import RateLimiter, visible_tools
+from bastion.policy.digest import snapshot_digest
 from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
+from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
 from bastion.session.listeners import TOOLS_LIST_CHANGED, ListenerHub
 from bastion.session.registry import SessionRegistry
@@ -56,7 +60,7 @@ from bastion.session.replay import ReplayLimits
 from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
-from bastion.store.sqlite import SqliteStore
+from bastion.store.select import open_store
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.workers.attachment import (
@@ -65,6 +69,7 @@ from bastion.workers.attachment import (
     persist_surface_change,
     transport_session_ref,
 )
+from bastion.workers.late_write import LateWrite, record_late_write
 from bastion.workers.membership import WorkerMembership
 from bastion.workers.recovery import recover_generation
 from bastion.workers.runtimes import RuntimeRegistry
@@ -85,6 +90,8 @@ class RuntimeOptions:
     """Process-level settings that are not policy: where state lives and how this worker is fenced."""
 
     data_dir: Path
+    # A PostgreSQL URL (``store/select.py``); ``None``: the SQLite file in ``data_dir``.
+    store_url: str | None = None
     generation: str = "gateway-0"
     lease_s: float = 10.0
     heartbeat_s: float = 2.0
@@ -121,6 +128,7 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = SnapshotHolder(snapshot, registry=metrics)
+        self._policy_in_force: tuple[Snapshot, PolicyInForce] | None = None
         self.options = options
         self._static_auth = (snapshot.version, StaticBearerAuth(snapshot))
         self.limiter = RateLimiter()
@@ -130,9 +138,12 @@ class Gateway:
         # Sessionless requests in flight, by agent session, so a revocation can cancel them too.
         self._sessionless_in_flight: dict[str, set[anyio.CancelScope]] = {}
         self._applied_revocations: set[str] = set()
+        # Agent sessions whose live calls this gateway cut: those calls are answered with a typed error.
+        self._cut_agent_sessions: set[str] = set()
         self.registry = SessionRegistry(
             idle_timeout_s=snapshot.gateway.transport_session_idle_s,
             max_sessions=snapshot.gateway.max_transport_sessions,
+            max_sessions_per_agent=snapshot.gateway.max_transport_sessions_per_agent,
             clock=clock,
             replay_limits=ReplayLimits(
                 events_per_stream=snapshot.gateway.sse_replay_events,
@@ -143,6 +154,8 @@ class Gateway:
         self._runtime_hook: Callable[[str, Any], None] | None = None
         self.runtimes: RuntimeRegistry | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
+        # Loops that write to the store: ended before the store closes (issue #11 point 16).
+        self.background = BackgroundTasks()
         self.fleet = UpstreamFleet(
             snapshot, on_namespace_changed=self.broadcast_tools_changed, on_process_event=self._process_event
         )
@@ -201,8 +214,12 @@ class Gateway:
         return await self.authenticator.authenticate(authorization, scope.get("query_string", b""))
 
     def policy_in_force(self) -> PolicyInForce:
-        digest = hashlib.sha256(self.policy.current.version.encode()).hexdigest()
-        return PolicyInForce(bundle_hash="sha256:" + digest, version=self.policy.current.version)
+        """The snapshot in force, committed to by the digest of its compiled form (``policy/digest.py``)."""
+        snapshot = self.policy.current
+        if self._policy_in_force is None or self._policy_in_force[0] is not snapshot:
+            digest = PolicyInForce(bundle_hash=snapshot_digest(snapshot), version=snapshot.version)
+            self._policy_in_force = (snapshot, digest)
+        return self._policy_in_force[1]
 
     def _attest(self, chain_root: str) -> dict[str, Any]:
         if self._tsm_reason is not None:
@@ -213,10 +230,12 @@ class Gateway:
         self._task_group = task_group
         options = self.options
         options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        store: Store = await SqliteStore.open(options.data_dir / "bastion.db")
+        store: Store = await open_store(options.store_url, options.data_dir)
         if options.store_factory is not None:
             store = options.store_factory(store)
         self.store = store
+        # One credential, one role: a configured token that is also a store credential is refused.
+        await check_store_roles(self.policy.current, store)
         self.keyring = Keyring.open(options.data_dir)
         if not options.tsm_root.is_dir():
             self._tsm_reason = f"configfs-tsm is not available at {options.tsm_root}"
@@ -273,6 +292,8 @@ class Gateway:
             health=self.health,
             limiter=self.limiter,
             attachments=self.attachments,
+            shared_limits=StoreRateLimiter(store, lambda: datetime.now(UTC)),
+            on_late_write=self._record_late_write,
         )
         self.router = MethodRouter(
             self.fleet,
@@ -288,7 +309,7 @@ class Gateway:
             verifier = OAuthVerifier(oauth, self._oauth_http)
         self._store_auth = StoreBearerAuth(store)
         self.authenticator = Authenticator(self.auth, self._store_auth, verifier)
-        task_group.start_soon(self._follow_revocations)
+        self.background.start_soon(task_group, self._follow_revocations)
         self.runtimes = RuntimeRegistry(
             store,
             clock=lambda: datetime.now(UTC),
@@ -296,13 +317,14 @@ class Gateway:
             heartbeat_s=options.heartbeat_s,
             owner=options.generation,
             launched_by=self.membership.worker,
+            fence=self.membership.check_current,  # runtime heartbeats end with this gateway's epoch
         )
         self._runtime_hook = self.runtimes.process_hook(self.policy.current.version)
-        task_group.start_soon(self.runtimes.run)
+        task_group.start_soon(self.runtimes.run)  # ended by runtimes.settle() at shutdown
         await self.fleet.start(task_group)
-        task_group.start_soon(self.membership.heartbeat_forever)
-        task_group.start_soon(self.health.watch, self._probe_store)
-        task_group.start_soon(self._sweep_idle)
+        self.background.start_soon(task_group, self.membership.heartbeat_forever)
+        self.background.start_soon(task_group, self.health.watch, self._probe_store)
+        self.background.start_soon(task_group, self._sweep_idle)
         # --- issue #5 (workers/takeover.py): peer takeover. As a survivor, take over a peer's
         # generation whose holder is not live (expired heartbeat, or a PID known dead on this host)
         # and that left work unsettled; recover it under a fresh recovery worker and a strictly
@@ -349,9 +371,36 @@ class Gateway:
                 own_generation=options.generation,
             )
 
-        task_group.start_soon(watch_for_peers)
+        self.background.start_soon(task_group, watch_for_peers)
         # --- end issue #5 block
         self.started.set()
+
+    async def _record_late_write(self, late: LateWrite) -> str:
+        """Record what this superseded worker observed, under a fresh current writer (issue #11 point 5)."""
+        assert self.store is not None and self.keyring is not None
+        store, keyring, options = self.store, self.keyring, self.options
+
+        def recorder_for(membership: WorkerMembership) -> EvidenceRecorder:
+            return EvidenceRecorder(
+                store,
+                keyring,
+                membership,
+                attest=self._attest,
+                profile=self._profile,
+                policy=self.policy_in_force,
+                max_entries=options.evidence_max_entries,
+                max_age_s=options.evidence_max_age_s,
+            )
+
+        return await record_late_write(
+            store,
+            late,
+            recorder_for=recorder_for,
+            policy_version=self.policy.current.version,
+            lease_s=options.lease_s,
+            heartbeat_s=options.heartbeat_s,
+            clock=lambda: datetime.now(UTC),
+        )
 
     def _process_event(self, kind: str, upstream: Any) -> None:
         if self._runtime_hook is not None:
@@ -362,11 +411,20 @@ class Gateway:
         await self.store.heartbeat(self.membership.worker, datetime.now(UTC))
 
     async def aclose(self) -> None:
+        """Shut down in an order where nothing writes after the store closed (issue #11 point 16).
+
+        (1) client sessions (their evidence closed, claims issued; listen streams ended); (2) the
+        upstreams (processes stopped); (3) their exits recorded; (4) every background loop ended;
+        (5) the store.
+        """
         self.listeners.close_all()
         with anyio.CancelScope(shield=True):
             for transport_session in list(self.registry):
                 await self.close_transport_session(transport_session, "shutdown")
             await self.fleet.aclose()
+            if self.runtimes is not None:
+                await self.runtimes.settle()
+            await self.background.cancel_and_wait()
             if self._oauth_http is not None:
                 await self._oauth_http.aclose()
             if self.store is not None:
@@ -443,6 +501,8 @@ class Gateway:
     async def _persist_surface(self, change: SurfaceChange) -> None:
         if self.store is None or self.membership is None or self.membership.superseded:
             return
+        if self.background.closed:
+            return  # shutting down: this worker's liveness ends, and with it what its records prove
         worker, epoch = self.membership.credentials()
 
         def worker_for(namespace: str) -> WorkerId | None:
@@ -465,6 +525,13 @@ class Gateway:
         """The sanctioned re-attach: re-initialize that session's upstream session, refresh the surface."""
         transport_session = next((t for t in self.registry if transport_session_ref(t.id) == ref), None)
         server = next((n for n, u in self.fleet.upstreams.items() if u.namespace == namespace), None)
+        owner = self.attachments.owner_of(ref)
+        if transport_session is None and server is not None and isinstance(owner, Principal):
+            # A sessionless agent has no upstream session to re-initialize: refresh the namespace's
+            # tools and list them for that agent (issue #11 point 2).
+            await self.fleet.refresh_server(server)
+            visible = visible_tools(self.snapshot(), owner, self.fleet.catalog.values())
+            return frozenset(entry.namespace for entry in visible)
         if transport_session is None or server is None:
             raise RuntimeError("unknown transport session or namespace")
         stale = transport_session.upstream_sessions.get(server)
@@ -499,6 +566,12 @@ class Gateway:
                 if not scopes:
                     del self._sessionless_in_flight[key]
 
+    def cut_cause(self, principal: Principal) -> BastionError | None:
+        """Why the gateway cancelled this principal's calls (its agent session was revoked), or ``None``."""
+        if principal.agent_session_id in self._cut_agent_sessions:
+            return AgentSessionRevoked("Agent session revoked: this call was cut")
+        return None
+
     async def end_agent_session(self, record: AgentSessionRecord) -> dict[str, Any]:
         """Apply a revocation here, at once: one audited operation that ends everything of that agent session.
 
@@ -508,6 +581,7 @@ class Gateway:
         upstream sessions and its evidence sessions (claims issued), and writes
         one ``revocation`` audit entry listing what it ended. Idempotent.
         """
+        self._cut_agent_sessions.add(record.agent_session_id)
         ended = [t for t in self.registry if t.principal.agent_session_id == record.agent_session_id]
         in_flight = sum(len(t.in_flight) for t in ended)
         evidence_closed: list[str] = []
@@ -574,8 +648,18 @@ class Gateway:
         if current.source is None:
             raise ConfigError("this gateway runs a built-in configuration; there is no file to reload")
 
+        refused: ConfigError | None = None
+        try:
+            loaded = load_snapshot(current.source)
+            if self.store is not None:
+                await check_store_roles(loaded, self.store)
+        except ConfigError as exc:
+            refused = exc
+
         def loader() -> Snapshot:
-            candidate = load_snapshot(current.source)  # type: ignore[arg-type]
+            if refused is not None:
+                raise refused
+            candidate = loaded
             if dict(candidate.servers) != dict(current.servers):
                 raise ConfigError(f"{current.source}: servers changed; restart the gateway to apply them")
             if candidate.auth != current.auth:

@@ -50,6 +50,7 @@ from tests.e2e.issue4_support import (
     tool_call,
     write_config,
 )
+from tests.e2e.test_transport_rules import MODERN, MODERN_META
 
 pytestmark = pytest.mark.anyio
 
@@ -191,9 +192,12 @@ async def test_revocation_ends_every_live_session_of_the_agent_session(
     reconnect = await http.post(gw.url, headers=mcp_headers(revoked.token), json=initialize_message())
     assert_refused(reconnect, 401, "agent_session_revoked")
 
-    # (2) The in-flight call ended without a result, and its execution is outcome_unknown.
+    # (2) The in-flight call ended without a result, answered with a typed error (issue #12),
+    #     and its execution is outcome_unknown.
     assert slow.status == 200
     assert not any(m.get("id") == 7 and "result" in m for m in slow.messages), slow.messages
+    [cut] = [m for m in slow.messages if m.get("id") == 7 and "error" in m]
+    assert cut["error"]["code"] == -32004 and cut["error"]["data"]["reason"] == "agent_session_revoked"
     with anyio.fail_after(WAIT_S):
         while (state := await execution_state(gw, "carol", slow.execution_id)) is ExecutionState.INVOKING:
             await anyio.sleep(0.02)
@@ -392,3 +396,41 @@ def mcp_errors(group: BaseException) -> list[MCPError]:
     if isinstance(group, BaseExceptionGroup):
         return [e for sub in group.exceptions for e in mcp_errors(sub)]
     return []
+
+
+async def test_a_sessionless_call_cut_by_revocation_gets_a_typed_error(
+    gw: FileGateway, http: httpx.AsyncClient
+) -> None:
+    """A 2026-07-28 call in flight when its agent session is revoked is answered agent_session_revoked."""
+    revoked = await create_agent_session(http, gw.origin, agent="carol")
+    meta = {**MODERN_META, "progressToken": "slow-sessionless"}
+    message = {
+        "jsonrpc": "2.0",
+        "id": 9,
+        "method": "tools/call",
+        "params": {"name": "tools__slow", "arguments": {"seconds": 60, "steps": 120}, "_meta": meta},
+    }
+    headers = {
+        **bearer(revoked.token),
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": MODERN,
+        "mcp-method": "tools/call",
+        "mcp-name": "tools__slow",
+    }
+    running, messages = anyio.Event(), []
+
+    async def slow_call() -> None:
+        async with http.stream("POST", gw.url, headers=headers, json=message) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    messages.append(json.loads(line[5:]))
+                    running.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(slow_call)
+        with anyio.fail_after(WAIT_S):
+            await running.wait()
+        answer = await revoke_agent_session(http, gw.origin, revoked.agent_session_id)
+    assert answer["ended"]["calls_cancelled"] == 1
+    [cut] = [m for m in messages if m.get("id") == 9]
+    assert cut["error"]["data"]["reason"] == "agent_session_revoked"

@@ -166,6 +166,14 @@ async def test_replay_is_refused_forever_and_joins_the_first_attempt(
             assert answer["error"]["data"]["execution_id"] == execution_id
             assert receipt_of(answer)["execution_id"] == execution_id
             assert receipt_of(answer)["entry_hash"] is not None
+            # It names the earlier attempt: its call and the entry that recorded its outcome.
+            earlier = answer["error"]["data"]
+            if first_session is not None:
+                assert earlier["earlier_evidence_session_id"] == first_session
+                assert earlier["earlier_call_id"] == receipt_of(first)["call_id"]
+                assert earlier["earlier_entry_hash"] == receipt_of(first)["entry_hash"]
+            else:
+                assert earlier["earlier_evidence_session_id"] is not None and earlier["earlier_seq"] > 1
             replays.append(receipt_of(answer)["evidence_session_id"])
         assert counter_value(counter) - before == ran
         assert await gw.state(execution_id) is case.outcome

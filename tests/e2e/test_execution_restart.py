@@ -217,6 +217,7 @@ async def test_restart_after_kill_settles_the_execution(
                 )
                 assert reason_of(refused) == "execution_replay", refused
                 assert refused["error"]["data"]["earlier_outcome"] == earlier.value
+                _assert_names_the_earlier_attempt(refused["error"]["data"], data_dir, execution_id, point)
             collided = await sessionless_call(
                 http, second.url, "tools__echo", {"text": "x"}, execution_id=execution_id
             )
@@ -234,7 +235,58 @@ async def test_restart_after_kill_settles_the_execution(
                 bundle, claim = await save_evidence(http, second.url, session_id, tmp_path)
                 code, output = verify_quietly(bundle, claim, key)
                 assert code == EXIT_OK, output
+
+            # 6. `bastion audit find` (the real entry point) reaches every one of those entries,
+            #    recovery's included, and exports each session for `bastion verify`.
+            exported = tmp_path / "found"
+            with anyio.fail_after(60):
+                found = await anyio.run_process(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bastion.cli.main",
+                        "audit",
+                        "find",
+                        "--data-dir",
+                        str(data_dir),
+                        "--execution-id",
+                        execution_id,
+                        "--agent",
+                        "alice",
+                        "--export",
+                        str(exported),
+                    ],
+                    check=False,
+                )
+            assert found.returncode == 0, found.stderr
+            listing = found.stdout.decode()
+            every = entries_with(data_dir, execution_id)
+            assert listing.startswith(f"{len(every)} entries carry execution_id {execution_id!r}")
+            for entry in every:
+                assert f"session={entry['session_id']} seq={entry['seq']} event={entry['event']}" in listing
+            for session_id in sessions:
+                bundle, claim = exported / f"{session_id}.jsonl", exported / f"{session_id}.claim.json"
+                code, output = verify_quietly(bundle, claim, key)
+                assert code == EXIT_OK, output
     assert "Traceback" not in log.read_text()
+
+
+def _assert_names_the_earlier_attempt(
+    data: dict[str, Any], data_dir: Path, execution_id: str, point: KillPoint
+) -> None:
+    """The replay refusal names the earlier call and the entry (session, seq, hash) that recorded it."""
+    assert data["earlier_call_id"] is not None
+    named = [
+        e
+        for e in entries_with(data_dir, execution_id)
+        if (e["session_id"], e["seq"]) == (data["earlier_evidence_session_id"], data["earlier_seq"])
+    ]
+    assert len(named) == 1, data
+    assert named[0]["hash"] == data["earlier_entry_hash"]
+    assert named[0]["call_id"] == data["earlier_call_id"]
+    if point.recovered is ExecutionState.OUTCOME_UNKNOWN:
+        # The outcome_unknown a recovering worker wrote, in a session no receipt ever named.
+        assert (named[0]["event"], named[0]["epoch"]) == ("outcome_unknown", 2)
 
 
 # ---------------------------------------------------------------- the crashing store itself

@@ -121,7 +121,7 @@ async def test_invalid_reload_keeps_the_last_valid_snapshot_and_readiness_says_w
     valid = config(tmp_path, tools_upstream.url, "echo")
     version_a = write_config(path, valid)
     async with file_gateway(path, tmp_path / "data") as gw, sdk_client(gw.url, ALICE) as client:
-        assert await decisions(client) == {"tools__echo": None, "tools__count": "grant_denied"}
+        assert await decisions(client) == {"tools__echo": None, "tools__count": "unknown_tool"}
 
         path.write_text(break_file(valid))
         refused = await reload_policy(http, gw.origin)
@@ -132,9 +132,9 @@ async def test_invalid_reload_keeps_the_last_valid_snapshot_and_readiness_says_w
         assert body["policy_version"] == version_a
 
         # The last valid snapshot stays in force, on the open session and on a new one.
-        assert await decisions(client) == {"tools__echo": None, "tools__count": "grant_denied"}
+        assert await decisions(client) == {"tools__echo": None, "tools__count": "unknown_tool"}
         async with sdk_client(gw.url, ALICE) as fresh:
-            assert await decisions(fresh) == {"tools__echo": None, "tools__count": "grant_denied"}
+            assert await decisions(fresh) == {"tools__echo": None, "tools__count": "unknown_tool"}
         status, ready = await readyz(http, gw.origin)
         assert ready["policy_version"] == version_a
         assert problem in ready["policy_reload_error"]["message"]
@@ -232,7 +232,7 @@ async def test_sighup_reloads_a_real_bastion_serve(
         await wait_for_version(http, origin, version_a)
         session_id = await open_session(http, url, ALICE)
         before = answer_of(await call(http, url, ALICE, session_id, "tools__count"))
-        assert reason_of(before) == "grant_denied"
+        assert reason_of(before) == "unknown_tool"
 
         # A valid file: in force after SIGHUP, on the same transport session.
         version_b = write_config(path, config(tmp_path, tools_upstream.url, "echo", "count"))

@@ -57,3 +57,44 @@ def test_error_rendering_carries_reason() -> None:
     assert rendered["id"] is None
     assert rendered["error"]["code"] == -32600
     assert rendered["error"]["data"] == {"reason": "invalid_request"}
+
+
+def _deep(depth: int) -> object:
+    value: object = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}', "lone_surrogate"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"\\udc00"}', "lone_surrogate"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\\ud800x"}}', "lone_surrogate"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","extra":NaN}}', "not_finite"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","x":-Infinity}}', "not_finite"),
+        (
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":'
+            + b'{"a":' * 324
+            + b"1"
+            + b"}" * 324
+            + b"}}",
+            "too_deep",
+        ),
+        (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":"x"}}', "meta_not_an_object"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":[1]}}', "meta_not_an_object"),
+    ],
+)
+def test_values_that_cannot_cross_are_invalid_requests(body: bytes, problem: str) -> None:
+    """A lone surrogate, NaN/Infinity, deep nesting or a non-object _meta is -32600 with its problem."""
+    with pytest.raises(InvalidRequest) as caught:
+        parse_message(decode_body(body))
+    assert caught.value.data["problem"] == problem
+    assert error_message(None, caught.value)["error"]["code"] == -32600
+
+
+def test_moderate_nesting_is_accepted() -> None:
+    """Arguments nested well within the bound are parsed as usual."""
+    message = parse_message({"jsonrpc": "2.0", "id": 1, "method": "m", "params": {"a": _deep(90)}})
+    assert isinstance(message, Request)

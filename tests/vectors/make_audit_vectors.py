@@ -111,6 +111,31 @@ def valid_chain(key_id: str) -> list[AuditEntry]:
     return list(chain.entries)
 
 
+def other_agent_chain(key_id: str) -> list[AuditEntry]:
+    """Bob's closed chain whose one call asserts Alice's execution id ``exec-7f3a``, with another binding."""
+    chain = ChainBuilder.open(
+        session_id="ev_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+        agent="agent-bob",
+        key_id=key_id,
+        at=T0,
+        nonce="B" * 43,
+    )
+    chain.bind_attestation(no_attestation("configfs-tsm is not available at /nonexistent"), at=T0)
+    chain.append(
+        AuditEvent.COMPLETED,
+        at=T0 + timedelta(milliseconds=100),
+        call_id="call_00000000000000000000000b",
+        execution_id="exec-7f3a",
+        server="files",
+        tool="write_file",
+        binding="33" * 32,
+        outcome="completed",
+        policy_version="7",
+    )
+    chain.close(CloseReason.CLIENT_DELETE, at=T0 + timedelta(milliseconds=200))
+    return list(chain.entries)
+
+
 def reseal(entries: list[AuditEntry], start: int) -> list[AuditEntry]:
     """Renumber, re-link and re-hash entries from index ``start`` on, as a forger would."""
     out = list(entries[:start])
@@ -174,6 +199,14 @@ def vectors(work: Path) -> dict[str, bytes]:
     # Line 8 (seq 7): an entry appended after the close.
     late = dataclasses.replace(entries[5], hash=None)
     out["bundle_entry_after_close.jsonl"] = bundle(reseal([*entries, late], 7))
+    # Seq 4 rewritten (a refusal turned into an allow) and every hash after it recomputed:
+    # the chain is sound, only the claim (head hash) gives it away (issue #11 point 9).
+    rewritten = dataclasses.replace(entries[4], decision="allow", reason=None)
+    out["bundle_rewritten_rehashed.jsonl"] = bundle(reseal([*entries[:4], rewritten, *entries[5:]], 4))
+    # The close entry dropped: a sound but open chain; only the claim (count, close) gives it away.
+    out["bundle_close_dropped.jsonl"] = b"".join(lines[:-1])
+    # Another agent's session that asserts the same execution id, for joins (issue #11 point 10).
+    out["bundle_other_agent_same_execution.jsonl"] = bundle(other_agent_chain(keyring.key_id))
     # Claims: one defect each, every one but the first two properly signed.
     unsigned = build_claim(_summary(entries), profile=PROFILE, policy=POLICY, issued_at=T0)
     out["claim_wrong_key.json"] = claim_bytes(sign_claim(unsigned, other))

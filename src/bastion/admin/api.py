@@ -22,7 +22,7 @@ import hmac
 import logging
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
@@ -67,6 +67,7 @@ class AdminReason(enum.StrEnum):
     AGENT_SESSION_NOT_FOUND = "agent_session_not_found"
     CREDENTIAL_NOT_FOUND = "credential_not_found"
     REVOCATION_NOT_PROPAGATED = "revocation_not_propagated"
+    CREDENTIAL_HOLDS_ANOTHER_ROLE = "credential_holds_another_role"
 
 
 class _Refused(Exception):
@@ -149,20 +150,32 @@ def admin_routes(
     admin_token_sha256: str | None,
     clock: Callable[[], datetime],
     on_revoke: OnRevoke | None = None,
+    configured_digests: Callable[[], Collection[str]] = frozenset,
 ) -> list[Route]:
     """The ``/admin/agent-sessions`` routes, behind the admin credential.
 
     ``clock`` returns the timezone-aware time that creation, expiry, revocation
     and renewal are decided at. ``on_revoke(record)`` runs after a revocation
     is durable (every time, so repeating a revocation cuts again) and returns
-    a JSON summary of what it ended. Raises :class:`ValueError` for a
-    malformed ``admin_token_sha256``.
+    a JSON summary of what it ended. ``configured_digests()`` returns the
+    credential digests the configuration gives a role (static agents, admin,
+    auditors): a store credential never takes one of them (409, one credential,
+    one role). Raises :class:`ValueError` for a malformed ``admin_token_sha256``.
     """
     gate = AdminGate(admin_token_sha256)
+
+    def one_role(digest: str) -> None:
+        if digest in configured_digests():
+            raise _Refused(
+                409,
+                AdminReason.CREDENTIAL_HOLDS_ANOTHER_ROLE,
+                "this credential already holds a role in the configuration; one credential, one role",
+            )
 
     async def create(request: Request) -> Response:
         body = await _body(request, _CreateBody)
         digest, token = _new_credential(body.credential_kind, body.certificate_fingerprint)
+        one_role(digest)
         now = clock()
         record = await store.create_agent_session(
             human=body.human,
@@ -232,6 +245,7 @@ def admin_routes(
         body = await _body(request, _RenewBody)
         old = await _credential_to_renew(store, record, body.credential_id)
         digest, token = _new_credential(old.kind, body.certificate_fingerprint)
+        one_role(digest)
         credential = await store.renew_credential(old.credential_id, digest, now=clock())
         answer: dict[str, Any] = {"credential": _credential_json(credential), "superseded": old.credential_id}
         if token is not None:

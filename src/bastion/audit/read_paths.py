@@ -3,6 +3,12 @@
 Only the agent that owns the evidence session, or an auditor credential,
 may read it; anyone else gets the same 404 as for a session that does not
 exist. Exports stream page by page, so memory stays flat in chain length.
+
+``GET /audit/execution?execution_id=X[&agent=A]`` (issue #11 point 11): every
+entry of one ``(agent, execution_id)``, in every evidence session, as JSON
+Lines by time (``Store.find_entries``). An auditor names any agent (or none:
+every agent's); an agent reads its own only, and naming another agent is the
+same 404 as an unknown session.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from starlette.types import Scope
 from bastion.audit.export import claim_bytes, entry_line
 from bastion.auth.principal import Principal
 from bastion.errors import BastionError, SessionNotFound
-from bastion.ids import EvidenceSessionId
+from bastion.ids import AgentId, EvidenceSessionId, ExecutionId
 from bastion.store.base import Store
 
 __all__ = ["EvidenceReadPaths"]
@@ -36,14 +42,35 @@ class EvidenceReadPaths:
         self._authenticate = authenticate
         self._auditors = auditor_token_hashes
 
+    def _is_auditor(self, request: Request) -> bool:
+        scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+        return (
+            scheme.lower() == "bearer"
+            and hashlib.sha256(token.strip().encode()).hexdigest() in self._auditors()
+        )
+
+    async def execution(self, request: Request) -> Response:
+        execution_id = request.query_params.get("execution_id", "")
+        agent = request.query_params.get("agent") or None
+        try:
+            if not execution_id:
+                raise SessionNotFound("execution_id is required")
+            if not self._is_auditor(request):
+                principal = await self._authenticate(request.scope, request.headers.get("authorization"))
+                if agent is not None and agent != principal.agent:
+                    raise SessionNotFound(cause="foreign")
+                agent = principal.agent
+        except BastionError as exc:
+            return _error(exc)
+        entries = await self._store().find_entries(
+            ExecutionId(execution_id), agent=AgentId(agent) if agent is not None else None
+        )
+        return Response(b"".join(entry_line(entry) for entry in entries), media_type="application/jsonl")
+
     async def _authorize(self, request: Request, session_id: str) -> None:
         """Return if the caller may read ``session_id``; raise the typed error otherwise."""
         header = request.headers.get("authorization")
-        scheme, _, token = (header or "").partition(" ")
-        if (
-            scheme.lower() == "bearer"
-            and hashlib.sha256(token.strip().encode()).hexdigest() in self._auditors()
-        ):
+        if self._is_auditor(request):
             chain = await self._store().get_chain(EvidenceSessionId(session_id))
             if chain is None:
                 raise SessionNotFound()

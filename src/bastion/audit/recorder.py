@@ -9,8 +9,20 @@ reason). Appends go through the store, which reads the head and writes the
 next link in one transaction, so concurrent calls never fork a chain.
 Before an append, a session past its entry or age bound is rotated: closed
 (reason ``rotation``, claim issued) and replaced by a fresh chain, so every
-claim is bounded and prompt. Closing appends the close entry and closes the
-chain in one transaction, then issues and stores the signed claim.
+claim is bounded and prompt.
+
+The entry bound is exact (issue #11 point 14): ``max_entries`` counts every
+entry of a chain, genesis, attestation and close included, so no chain ever
+holds more. One call's entries never span two chains: a call's first write
+says how many entries it may still write (``then``), those slots are held for
+it, and the chain rotates *before* a call's first entry when that entry, the
+slots held and the close would not fit. While other calls hold slots in the
+chain, a call that does not fit waits for them to finish (their holds end
+with :meth:`EvidenceRecorder.end_call`), then rotates. The smallest bound is
+:data:`MIN_MAX_ENTRIES`: genesis, attestation, one call's three entries, close.
+
+Closing appends the close entry and closes the chain in one transaction,
+then issues and stores the signed claim.
 
 Every write carries this worker's ``(worker, epoch)``: a superseded worker
 writes nothing (``StaleEpoch``).
@@ -35,7 +47,10 @@ from bastion.ids import AgentId, EvidenceSessionId, new_evidence_session_id
 from bastion.store.base import Store
 from bastion.workers.membership import WorkerMembership
 
-__all__ = ["Attestor", "EvidenceRecorder", "EvidenceSession"]
+__all__ = ["MIN_MAX_ENTRIES", "Attestor", "EvidenceRecorder", "EvidenceSession"]
+
+#: genesis + attestation + the most one call writes (admitted, invoking, outcome) + close.
+MIN_MAX_ENTRIES = 6
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +74,9 @@ class EvidenceSession:
     # transaction: at its first durable append, or with its close and claim.
     persisted: bool = True
     buffered: list[AuditEntry] = field(default_factory=list)
+    # Slots held in this chain by calls that wrote their first entries here (call_id -> count).
+    holds: dict[str, int] = field(default_factory=dict)
+    holds_ended: anyio.Event = field(default_factory=anyio.Event)
 
     @property
     def head(self) -> AuditEntry:
@@ -82,6 +100,8 @@ class EvidenceRecorder:
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        if max_entries < MIN_MAX_ENTRIES:
+            raise ValueError(f"an evidence session needs room for at least {MIN_MAX_ENTRIES} entries")
         self._store = store
         self._keyring = keyring
         self._membership = membership
@@ -92,6 +112,10 @@ class EvidenceRecorder:
         self._max_age_s = max_age_s
         self._now = wall_clock
         self._monotonic = monotonic
+
+    def now(self) -> datetime:
+        """The wall clock this recorder stamps entries with."""
+        return self._now()
 
     # ------------------------------------------------------------------ open / close
 
@@ -267,13 +291,7 @@ class EvidenceRecorder:
         Raises ``StoreError`` and never writes a partial entry.
         """
         async with evidence.lock:
-            if evidence.closed:
-                raise RuntimeError("evidence session is closed")
-            if (
-                evidence.entries >= self._max_entries
-                or self._monotonic() - evidence.opened_at >= self._max_age_s
-            ):
-                await self._rotate(evidence)
+            await self._make_room(evidence, fields.get("call_id"), 1, then=0)
             worker, epoch = self._membership.credentials()
             at = self._now()
 
@@ -300,22 +318,28 @@ class EvidenceRecorder:
         batch: list[tuple[AuditEvent, dict[str, Any]]],
         *,
         durable: bool = True,
+        then: int = 0,
     ) -> list[AuditEntry]:
         """Append several entries in order (rotating first if due); one store write when the store can.
 
         On a deferred session, ``durable=False`` only seals the entries in memory: they are
         written with the session's close (which the caller makes happen before its answer).
+        ``then`` is how many more entries the batch's call may write to this chain: they are
+        held for it (see the module docstring) until it writes them or :meth:`end_call`.
         """
         async with evidence.lock:
             if evidence.closed:
                 raise RuntimeError("evidence session is closed")
+            call_id = batch[0][1].get("call_id") if batch else None
             if not evidence.persisted:
+                # One request's own chain: never rotated; the hold only marks the call's later entries.
+                if call_id is not None:
+                    if then:
+                        evidence.holds[call_id] = then
+                    else:
+                        evidence.holds.pop(call_id, None)
                 return await self._append_deferred(evidence, batch, durable)
-            if (
-                evidence.entries >= self._max_entries
-                or self._monotonic() - evidence.opened_at >= self._max_age_s
-            ):
-                await self._rotate(evidence)
+            await self._make_room(evidence, call_id, len(batch), then=then)
             worker, epoch = self._membership.credentials()
             at = self._now()
             builders = [
@@ -327,6 +351,57 @@ class EvidenceRecorder:
             )
             evidence.entries += len(entries)
             return entries
+
+    def end_call(self, evidence: EvidenceSession, call_id: str) -> None:
+        """The call wrote its last entry (or never will): the slots it held are free."""
+        if evidence.holds.pop(call_id, None) is not None and not evidence.holds:
+            evidence.holds_ended.set()
+
+    async def _make_room(
+        self, evidence: EvidenceSession, call_id: str | None, count: int, *, then: int
+    ) -> None:
+        """Rotate first if ``count`` entries (and ``then`` held after them) would not fit; hold them.
+
+        Called with ``evidence.lock`` held; releases it while waiting for other calls' holds.
+        """
+        if evidence.closed:
+            raise RuntimeError("evidence session is closed")
+        held = evidence.holds.pop(call_id, None) if call_id is not None else None
+        if held is not None:
+            # The call's later entries go where its first ones went: their slots are held here.
+            if count > held:
+                raise RuntimeError(f"call {call_id} wrote more entries than it held")
+            if then:
+                evidence.holds[call_id] = then  # type: ignore[index]
+            elif not evidence.holds:
+                evidence.holds_ended.set()
+            return
+        while self._must_rotate(evidence, count + then):
+            if evidence.holds:
+                # Other calls hold slots in this chain: let them finish there, then rotate.
+                ended = evidence.holds_ended
+                evidence.lock.release()
+                try:
+                    await ended.wait()
+                finally:
+                    await evidence.lock.acquire()
+                if evidence.closed:
+                    raise RuntimeError("evidence session is closed")
+                continue
+            await self._rotate(evidence)
+        if then and call_id is not None:
+            if not evidence.holds:
+                evidence.holds_ended = anyio.Event()
+            evidence.holds[call_id] = then
+
+    def _must_rotate(self, evidence: EvidenceSession, need: int) -> bool:
+        if evidence.entries <= 2:
+            return False  # a fresh chain: MIN_MAX_ENTRIES guarantees one call fits
+        held = sum(evidence.holds.values())
+        return (
+            evidence.entries + held + need + 1 > self._max_entries
+            or self._monotonic() - evidence.opened_at >= self._max_age_s
+        )
 
     async def _rotate(self, evidence: EvidenceSession) -> None:
         previous = evidence.session_id

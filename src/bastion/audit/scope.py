@@ -6,12 +6,13 @@ no writes) and closes it, with its claim, when the scope ends.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
 from bastion.audit.chain import CloseReason
-from bastion.audit.entry import AuditEntry, AuditEvent
+from bastion.audit.entry import AuditEntry, AuditEvent, format_ts
 from bastion.audit.recorder import EvidenceRecorder, EvidenceSession
 from bastion.ids import AgentId
 
@@ -54,12 +55,14 @@ class EvidenceScope:
         return await self._recorder.append(self._evidence, event, **fields)
 
     async def record_many(
-        self, batch: list[tuple[AuditEvent, dict[str, Any]]], *, durable: bool = True
+        self, batch: list[tuple[AuditEvent, dict[str, Any]]], *, durable: bool = True, then: int = 0
     ) -> list[AuditEntry]:
         """Append several entries in order, as one durable write.
 
         ``durable=False`` lets a deferred scope keep them in memory until its close, which
-        its owner makes happen before it answers; any other scope writes them now.
+        its owner makes happen before it answers; any other scope writes them now. ``then``:
+        how many more entries the batch's call may write; they stay in this chain
+        (``recorder.py``) until written or :meth:`end_call`.
         """
         if self._unsafe_disabled or not batch:
             return []
@@ -71,20 +74,43 @@ class EvidenceScope:
                     self._evidence = await self._recorder.open(
                         self.agent, policy_version=self._policy_version
                     )
-        return await self._recorder.append_many(self._evidence, batch, durable=durable)
+        return await self._recorder.append_many(self._evidence, batch, durable=durable, then=then)
 
-    async def record_owed_many(self, batch: list[tuple[AuditEvent, dict[str, Any]]]) -> list[AuditEntry]:
+    def end_call(self, call_id: str) -> None:
+        """The call has written everything it will: the chain slots it held are free."""
+        if self._evidence is not None:
+            self._recorder.end_call(self._evidence, call_id)
+
+    def owe(self, batch: list[tuple[AuditEvent, dict[str, Any]]]) -> Callable[[], Awaitable[object]]:
+        """The deferred write of entries owed since storage failed (``store/health.py``), stamped now.
+
+        Written later, each entry's ``ts`` is its write time (the chain's order) and its
+        ``detail`` says ``late: true`` and ``event_ts``, the time the event was owed
+        (issue #11 point 12): the entry field set, hence the hash rule, is unchanged.
+        """
+        event_ts = format_ts(self._recorder.now())
+
+        async def write() -> list[AuditEntry]:
+            return await self.record_owed_many(batch, event_ts=event_ts)
+
+        return write
+
+    async def record_owed_many(
+        self, batch: list[tuple[AuditEvent, dict[str, Any]]], *, event_ts: str | None = None
+    ) -> list[AuditEntry]:
         """Write entries owed since storage failed: into this chain if it is still open, else into
-        a chain of their own (the original evidence session has closed meanwhile)."""
+        a chain of their own (the original evidence session has closed meanwhile). Each is marked
+        ``detail.late`` (with ``detail.event_ts`` when known)."""
         if self._unsafe_disabled:
             return []
-        if not self.closed and (self._evidence is None or not self._evidence.closed):
-            return await self.record_many(batch)
-        late = EvidenceScope(self._recorder, self.agent, policy_version=self._policy_version)
+        stamp: dict[str, Any] = {"late": True} if event_ts is None else {"late": True, "event_ts": event_ts}
         marked = [
-            (event, {**fields, "detail": {**(fields.get("detail") or {}), "late": True}})
+            (event, {**fields, "detail": {**(fields.get("detail") or {}), **stamp}})
             for event, fields in batch
         ]
+        if not self.closed and (self._evidence is None or not self._evidence.closed):
+            return await self.record_many(marked)
+        late = EvidenceScope(self._recorder, self.agent, policy_version=self._policy_version)
         entries = await late.record_many(marked)
         await late.close(CloseReason.REQUEST_END)
         return entries

@@ -24,6 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--data-dir", type=Path, default=Path(".bastion"))
+    serve.add_argument(
+        "--store", help="a postgresql:// URL (default: $BASTION_STORE, [store] url, or <data-dir>/bastion.db)"
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--generation", default="gateway-0", help="this replica's slot (unique per replica)")
     serve.add_argument("--unsafe-no-audit", action="store_true", help="benchmarks only: no audit chain")
@@ -41,19 +44,41 @@ def _parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", help="verify an exported audit bundle (and its claim) offline")
     verify.add_argument("bundle", type=Path, help="JSON Lines bundle from /audit/export")
-    verify.add_argument(
+    evidence = verify.add_mutually_exclusive_group()
+    evidence.add_argument(
         "--claim", type=Path, help="the session's TRACE claim (from /sessions/{id}/trace-claim)"
+    )
+    evidence.add_argument(
+        "--integrity-only",
+        action="store_true",
+        help="without a claim: check the chain's integrity only (nothing is authenticated)",
     )
     verify.add_argument("--key", type=Path, required=True, help="the gateway's public key (PEM or JWK)")
     verify.add_argument(
         "--jobs", type=int, default=None, help="processes to verify with (default: one per CPU)"
     )
 
+    keys = sub.add_parser(
+        "verify-keys", help="check a published key set (/.well-known/bastion-keys.json) against a pinned key"
+    )
+    keys.add_argument("document", type=Path, help="the key set document")
+    keys.add_argument("--key", type=Path, required=True, help="the pinned public key (PEM or JWK)")
+    keys.add_argument("--out", type=Path, help="write every key it vouches for here as <kid>.pem")
+
     audit = sub.add_parser("audit", help="offline audit tools")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
     join = audit_sub.add_parser("join", help="records across bundles that share one execution_id, in order")
     join.add_argument("--execution-id", required=True)
+    join.add_argument("--agent", help="only this agent's records (an execution_id is scoped per agent)")
     join.add_argument("bundles", type=Path, nargs="+")
+    find = audit_sub.add_parser(
+        "find",
+        help="every entry of one (agent, execution_id) in a gateway's store, in every evidence session",
+    )
+    find.add_argument("--execution-id", required=True)
+    find.add_argument("--agent", help="only this agent's entries (an execution_id is scoped per agent)")
+    find.add_argument("--data-dir", type=Path, default=Path(".bastion"))
+    find.add_argument("--export", type=Path, help="also write each evidence session's bundle and claim here")
 
     public_key = sub.add_parser("public-key", help="print the gateway's active public key (PEM, or --jwk)")
     public_key.add_argument("--data-dir", type=Path, default=Path(".bastion"))
@@ -71,9 +96,11 @@ def _parser() -> argparse.ArgumentParser:
 
     from bastion.cli.agent_session_cmd import add_agent_session_parser
     from bastion.cli.connect_cmd import add_connect_parser
+    from bastion.cli.workers_cmd import add_workers_parser
 
     add_agent_session_parser(sub)
     add_connect_parser(sub)
+    add_workers_parser(sub)
     return parser
 
 
@@ -94,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat_s=args.heartbeat_s,
             evidence_max_entries=args.evidence_max_entries,
             evidence_max_age_s=args.evidence_max_age_s,
+            store=args.store,
         )
     if args.command == "check-config":
         from bastion.errors import ConfigError
@@ -109,11 +137,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "verify":
         from bastion.cli.verify_cmd import run_verify
 
-        return run_verify(args.bundle, args.claim, args.key, jobs=args.jobs)
+        return run_verify(
+            args.bundle, args.claim, args.key, jobs=args.jobs, integrity_only=args.integrity_only
+        )
+    if args.command == "verify-keys":
+        from bastion.cli.keys_cmd import run_verify_keys
+
+        return run_verify_keys(args.document, args.key, out_dir=args.out)
+    if args.command == "audit" and args.audit_command == "find":
+        from bastion.cli.audit_find_cmd import run_find
+
+        return run_find(args.data_dir, args.execution_id, agent=args.agent, export_dir=args.export)
     if args.command == "audit":
         from bastion.cli.verify_cmd import run_join
 
-        return run_join(args.execution_id, args.bundles)
+        return run_join(args.execution_id, args.bundles, agent=args.agent)
     if args.command == "public-key":
         import json
 
@@ -135,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         old = keyring.key_id
         new = keyring.rotate()
         print(f"active key: {new} (was {old}; restart the gateway to sign with it)")
+        print(f"key set {args.data_dir / 'keys' / 'bastion-keys.json'} re-signed by both keys")
         return 0
     if args.command == "hash-token":
         from bastion.auth.bearer import hash_token
@@ -149,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         from bastion.cli.connect_cmd import run_connect
 
         return run_connect(args)
+    if args.command == "workers":
+        from bastion.cli.workers_cmd import run_workers
+
+        return run_workers(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 

@@ -2,7 +2,8 @@
 
 Reads a running gateway's ``GET /admin/workers`` (``--url`` with the admin
 credential from ``--admin-token-file``), or the store file directly
-(``--data-dir``; liveness then judged with ``--lease-s``, the gateway's lease).
+(``--data-dir``; liveness then judged with the lease each worker's gateway
+recorded at registration, or ``--lease-s`` when given).
 Columns: identity, role, generation, epoch, liveness, heartbeat age, launch
 provenance, owning sessions (from live attachment records only; ``unproven``
 when none) and cohort. ``--json`` prints the API's JSON. Exit status: 0 done,
@@ -50,9 +51,13 @@ def add_workers_parser(subparsers: Any) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--url", help="a running gateway, e.g. http://127.0.0.1:8765 (needs the admin API)")
     source.add_argument("--data-dir", type=Path, help="read the store file under this directory instead")
+    source.add_argument("--store", help="read this PostgreSQL store (a postgresql:// URL) instead")
     parser.add_argument("--admin-token-file", type=Path, help="with --url: file holding the admin token")
     parser.add_argument(
-        "--lease-s", type=float, default=_DEFAULT_LEASE_S, help="with --data-dir: the gateway's lease"
+        "--lease-s",
+        type=float,
+        default=None,
+        help="with --data-dir/--store: judge liveness with this lease (default: each worker's recorded one)",
     )
     parser.add_argument("--json", action="store_true", dest="as_json", help="print JSON")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
@@ -62,10 +67,12 @@ def run_workers(
     args: argparse.Namespace,
     *,
     http: httpx.Client | None = None,
-    out: TextIO = sys.stdout,
-    err: TextIO = sys.stderr,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
 ) -> int:
     """Run ``bastion workers``; returns the exit status. ``http`` replaces the client in tests."""
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
     try:
         if args.url is not None:
             answer = _from_admin_api(args, http, err)
@@ -119,25 +126,41 @@ def _from_admin_api(
 def _from_store(args: argparse.Namespace) -> dict[str, Any]:
     import anyio
 
-    from bastion.store.sqlite import SqliteStore
+    from bastion.errors import ConfigError, StoreError
+    from bastion.store.select import SQLITE_FILE, choose_store_url, open_store
     from bastion.workers.liveness import pid_alive, this_host
     from bastion.workers.registry import describe_workers
 
-    path = args.data_dir / "bastion.db"
-    if not path.is_file():  # never create a store where none is
-        raise _Unusable(f"no store at {path}")
-    if not args.lease_s > 0:
+    data_dir: Path = args.data_dir if args.data_dir is not None else Path(".")
+    try:
+        url = choose_store_url(getattr(args, "store", None), {})
+    except ConfigError as exc:
+        raise _Unusable(exc.message) from None
+    if url is None and not (data_dir / SQLITE_FILE).is_file():  # never create a store where none is
+        raise _Unusable(f"no store at {data_dir / SQLITE_FILE}")
+    if args.lease_s is not None and not args.lease_s > 0:
         raise _Unusable("--lease-s must be positive")
 
     async def read() -> dict[str, Any]:
         now = datetime.now(UTC)
-        async with await SqliteStore.open(path) as store:
+        try:
+            store = await open_store(url, data_dir)
+        except StoreError as exc:
+            raise _Unusable(f"{exc.message} ({exc.data.get('store', data_dir / SQLITE_FILE)})") from None
+        try:
             views = await describe_workers(
-                store, now=now, lease_s=args.lease_s, pid_alive=pid_alive, this_host=this_host()
+                store,
+                now=now,
+                lease_s=args.lease_s,
+                pid_alive=pid_alive,
+                this_host=this_host(),
+                default_lease_s=_DEFAULT_LEASE_S,
             )
+        finally:
+            await store.aclose()
         return {
             "as_of": now.isoformat().replace("+00:00", "Z"),
-            "lease_s": args.lease_s,
+            "lease_s": args.lease_s if args.lease_s is not None else "recorded",
             "workers": [v.to_json() for v in views],
         }
 

@@ -10,6 +10,7 @@ Layout of the data directory::
     <data_dir>/keys/             mode 0700
         signing.pem              the active private key, PKCS#8 PEM, mode 0600
         public/<key_id>.pem      every public key this gateway ever signed with
+        bastion-keys.json        the published key set (``key_set.py``), signed at rotation
 
 A key id is the RFC 7638 JWK thumbprint of the public key (base64url SHA-256,
 no padding), so anyone holding the public key can recompute it. Rotation
@@ -32,6 +33,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,7 @@ __all__ = [
 _KEY_DIR = "keys"
 _SIGNING_FILE = "signing.pem"
 _PUBLIC_DIR = "public"
+_KEY_SET_FILE = "bastion-keys.json"
 _KEY_ID_RE = re.compile(r"[A-Za-z0-9_-]{43}")
 _B64URL_RE = re.compile(r"[A-Za-z0-9_-]*")
 
@@ -228,6 +231,9 @@ class Keyring:
             _install_new_key(key_dir, replace=False)
         keyring = cls(key_dir, _load_private(signing))
         keyring._keep_public(keyring._verifying)
+        if keyring._published_active() != keyring.key_id:
+            # First use, or a data directory from before key sets: the active key signs alone.
+            keyring._publish((keyring._private,))
         return keyring
 
     @property
@@ -248,11 +254,33 @@ class Keyring:
         the old key opened (close reason ``rotation``) before rotating.
         """
         self._keep_public(self._verifying)
+        previous = self._private
         private = _install_new_key(self._dir, replace=True)
         self._private = private
         self._verifying = VerifyingKey(private.public_key())
         self._keep_public(self._verifying)
+        # The previous key endorses its successor before its private half is gone.
+        self._publish((private, previous))
         return self._verifying.key_id
+
+    def key_set(self) -> dict[str, Any]:
+        """The published key set document (``key_set.py``), as last signed."""
+        document: dict[str, Any] = json.loads((self._dir / _KEY_SET_FILE).read_bytes())
+        return document
+
+    def _published_active(self) -> str | None:
+        try:
+            active = json.loads((self._dir / _KEY_SET_FILE).read_bytes()).get("active")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return active if isinstance(active, str) else None
+
+    def _publish(self, signers: tuple[Ed25519PrivateKey, ...]) -> None:
+        from bastion.crypto.key_set import key_set_body, sign_key_set
+
+        body = key_set_body(self.verifying_keys(), self._verifying, issued_at=int(time.time()))
+        document = sign_key_set(body, signers)
+        _write_file(self._dir / _KEY_SET_FILE, canonical_json(document) + b"\n", mode=0o644, replace=True)
 
     def verifying_key(self, key_id: str) -> VerifyingKey:
         """The public key with this id, current or retired; raises :class:`UnknownKeyId`."""

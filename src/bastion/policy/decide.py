@@ -29,7 +29,15 @@ from bastion.errors import ArgumentConstraintFailed, ExecutionIdRequired, GrantD
 from bastion.policy.grants import Grant, Rate
 from bastion.policy.snapshot import Snapshot
 
-__all__ = ["CatalogEntry", "DecisionBasis", "GrantDecision", "RateLimiter", "decide", "visible_tools"]
+__all__ = [
+    "CatalogEntry",
+    "DecisionBasis",
+    "GrantDecision",
+    "RateLimiter",
+    "decide",
+    "rate_limited",
+    "visible_tools",
+]
 
 
 class DecisionBasis(enum.StrEnum):
@@ -51,6 +59,9 @@ class GrantDecision:
     grants: tuple[str, ...]
     require_execution_id: bool
     policy_version: str
+    # The rate limits of the allowing grants: taken by ``decide`` from an in-memory limiter,
+    # or, when it is given none, by the caller from the store (``policy/shared_limits.py``).
+    limits: tuple[tuple[str, Rate], ...] = ()
 
     @property
     def grant(self) -> str | None:
@@ -80,9 +91,9 @@ _BucketKey = tuple[str, int, float, str, str, str]
 class RateLimiter:
     """Token buckets for grant rate limits, one per grant, agent, server and tool.
 
-    Owned by one gateway; two gateways in one process have two limiters. With
-    several replicas the limit holds per replica (N replicas allow up to N
-    times the rate) until the buckets move to the shared store. Time is the
+    Owned by one gateway; two gateways in one process have two limiters. It
+    holds the limit per process; the gateway takes its tokens from the store
+    instead (``policy/shared_limits.py``), so that replicas share them. Time is the
     ``now`` passed in (monotonic seconds), so tests need no sleeps.
 
     Memory is bounded by ``max_buckets``: refilled buckets are forgotten (that
@@ -114,14 +125,7 @@ class RateLimiter:
             held = [self._level(key, rate, now) for key, (_, rate) in zip(keys, limits, strict=True)]
             for (name, rate), (level, _) in zip(limits, held, strict=True):
                 if level < 1.0:
-                    wait_s = (1.0 - level) / rate.refill_per_s
-                    raise RateLimited(
-                        f"Rate limit exceeded for {tool}: grant {name} allows "
-                        f"{rate.tokens} per {rate.period_s:g} s",
-                        tool=tool,
-                        grant=name,
-                        retry_after_s=round(wait_s, 3),
-                    )
+                    raise rate_limited(tool, name, rate, round((1.0 - level) / rate.refill_per_s, 3))
             fresh = sum(1 for key in keys if key not in self._buckets)
             if len(self._buckets) + fresh > self._max_buckets:
                 self._prune(now)
@@ -135,6 +139,17 @@ class RateLimiter:
                     )
             for key, (level, stamp) in zip(keys, held, strict=True):
                 self._buckets[key] = (level - 1.0, stamp)
+
+    def refund(
+        self, limits: Sequence[tuple[str, Rate]], agent: str, server: str, tool: str, now: float
+    ) -> None:
+        """Give back the token :meth:`take` took for a call refused before its send (capped at capacity)."""
+        with self._lock:
+            for name, rate in limits:
+                key = (name, rate.tokens, rate.period_s, agent, server, tool)
+                if key in self._buckets:
+                    level, stamp = self._level(key, rate, now)
+                    self._buckets[key] = (min(float(rate.tokens), level + 1.0), stamp)
 
     @property
     def bucket_count(self) -> int:
@@ -160,6 +175,16 @@ class RateLimiter:
                 del self._buckets[key]
 
 
+def rate_limited(tool: str, grant: str, rate: Rate, retry_after_s: float) -> RateLimited:
+    """The refusal of a call whose grant's bucket is empty (one wording, whichever limiter refused)."""
+    return RateLimited(
+        f"Rate limit exceeded for {tool}: grant {grant} allows {rate.tokens} per {rate.period_s:g} s",
+        tool=tool,
+        grant=grant,
+        retry_after_s=retry_after_s,
+    )
+
+
 def decide(
     snapshot: Snapshot,
     principal: Principal,
@@ -169,13 +194,15 @@ def decide(
     arguments: Mapping[str, Any],
     *,
     now: float,
-    limiter: RateLimiter,
+    limiter: RateLimiter | None,
     has_execution_id: bool = True,
 ) -> GrantDecision:
     """Decide one call of upstream tool ``tool`` on ``server`` (``namespace``) by ``principal``.
 
     ``tool`` is the upstream tool name (what grant patterns match), not the
     namespaced name of the surface. ``now`` is monotonic seconds, for rate limits.
+    With ``limiter=None`` no token is taken here: the decision's ``limits`` are
+    the caller's to take (from the store, shared by replicas) before it goes on.
 
     Raises:
         GrantDenied: no grant of this principal covers the server and tool.
@@ -226,16 +253,18 @@ def decide(
     if requires_id and not has_execution_id:
         raise ExecutionIdRequired(tool=tool, server=server, policy_version=version)
     limits = [(g.name, g.rate) for g in allowing if g.rate is not None]
-    try:
-        limiter.take(limits, str(principal.agent), server, tool, now)
-    except RateLimited as exc:
-        exc.data["policy_version"] = version
-        raise
+    if limiter is not None:
+        try:
+            limiter.take(limits, str(principal.agent), server, tool, now)
+        except RateLimited as exc:
+            exc.data["policy_version"] = version
+            raise
     return GrantDecision(
         DecisionBasis.GRANT,
         tuple(g.name for g in allowing),
         requires_id,
         version,
+        tuple(limits),
     )
 
 

@@ -34,6 +34,7 @@ from bastion.policy.snapshot import (
     Snapshot,
     UpstreamKind,
 )
+from bastion.store.dsn import is_postgres_url
 from bastion.workers.attachment import NamespaceRequirement, NamespaceRequirements
 
 __all__ = ["load_snapshot", "snapshot_from_mapping"]
@@ -47,7 +48,8 @@ _ENV_NAME = re.compile(r"^[^=\x00]+$")
 _DOLLAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
-_TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants", "auth", "requirements"})
+_TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants", "auth", "requirements", "store"})
+_STORE_KEYS = frozenset({"url"})
 _REQUIREMENT_KEYS = frozenset({"agent", "team", "namespaces"})
 _AUTH_KEYS = frozenset(
     {
@@ -83,6 +85,7 @@ _GATEWAY_KEYS = frozenset(
         "transport_session_idle_s",
         "upstream_timeout_s",
         "max_transport_sessions",
+        "max_transport_sessions_per_agent",
         "sse_replay_events",
         "sse_replay_bytes",
         "sse_replay_streams",
@@ -152,6 +155,7 @@ def snapshot_from_mapping(
     grants = _read_grants(ctx, top.get("grants"), servers)
     auth = _read_auth(ctx, top.get("auth"))
     requirements = _read_requirements(ctx, top.get("requirements"), servers)
+    store_url = _read_store(ctx, top.get("store"))
     return ctx.build(
         Snapshot,
         version=version,
@@ -162,6 +166,7 @@ def snapshot_from_mapping(
         grants=grants,
         auth=auth,
         requirements=requirements,
+        store_url=store_url,
     )
 
 
@@ -270,6 +275,20 @@ def _read_auth(ctx: _Context, value: Any) -> AuthSettings:
     )
 
 
+def _read_store(ctx: _Context, value: Any) -> str | None:
+    """``[store] url``: where the state lives (``${NAME}`` allowed, for a password); read at start only."""
+    if value is None:
+        return None
+    table = ctx.table(value, "store")
+    ctx.refuse_unknown(table, _STORE_KEYS, "store")
+    if "url" not in table:
+        return None
+    url = ctx.interpolate(ctx.string(table["url"], "store.url"), "store.url")
+    if not is_postgres_url(url):
+        raise ctx.error("store.url", "expected a postgresql:// URL (omit [store] for the SQLite file)")
+    return url
+
+
 def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
     if value is None:
         return ctx.build(GatewaySettings)
@@ -281,6 +300,7 @@ def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
     for key in (
         "max_body_bytes",
         "max_transport_sessions",
+        "max_transport_sessions_per_agent",
         "sse_replay_events",
         "sse_replay_bytes",
         "sse_replay_streams",

@@ -60,6 +60,8 @@ class GatewaySettings:
     transport_session_idle_s: float = 1800.0
     upstream_timeout_s: float = 60.0
     max_transport_sessions: int = 100_000
+    # Each agent's share, so that one agent cannot lock every other agent out (issue #12).
+    max_transport_sessions_per_agent: int = 10_000
     # Session-era SSE resumption (session/replay.py): per stream, events and bytes kept for
     # Last-Event-ID; per session, response streams kept (the oldest finished ones go first).
     sse_replay_events: int = 256
@@ -80,6 +82,8 @@ class GatewaySettings:
             raise ConfigError("gateway timeouts must be positive")
         if self.max_transport_sessions < 1:
             raise ConfigError("gateway.max_transport_sessions must be at least 1")
+        if self.max_transport_sessions_per_agent < 1:
+            raise ConfigError("gateway.max_transport_sessions_per_agent must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,8 @@ class Snapshot:
     # Namespaces an agent or team requires attached before a mutating call (DESIGN section 6).
     requirements: NamespaceRequirements = field(default_factory=NamespaceRequirements)
     grants: tuple[Grant, ...] = ()
+    # ``[store] url``: read once at start (a reload never moves the store); may hold a password.
+    store_url: str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "servers", MappingProxyType(dict(self.servers)))
@@ -197,7 +203,32 @@ class Snapshot:
         hashes = [a.token_sha256 for a in self.agents]
         if len(set(hashes)) != len(hashes):
             raise ConfigError("agents: two agents share one token")
+        self.credential_roles()
         self._check_grants()
+
+    def credential_roles(self) -> dict[str, str]:
+        """Each configured credential digest, mapped to the key path of the one role it holds.
+
+        Raises:
+            ConfigError: one digest holds two roles (an agent token that is also the admin
+                or an auditor token, the admin token also an auditor's): that agent would
+                administer the gateway or read every agent's evidence (issue #12).
+        """
+        roles: dict[str, str] = {}
+        named = [(f"agents.{a.name}.token_sha256", a.token_sha256) for a in self.agents]
+        if self.auth.admin_token_sha256 is not None:
+            named.append(("auth.admin_token_sha256", self.auth.admin_token_sha256))
+        named += [
+            (f"auth.auditor_token_sha256[{i}]", d) for i, d in enumerate(self.auth.auditor_token_sha256)
+        ]
+        for where, digest in named:
+            held = roles.get(digest)
+            if held is not None and not (
+                held.startswith("auth.auditor") and where.startswith("auth.auditor")
+            ):
+                raise ConfigError(f"{where}: the same credential as {held}; one credential, one role")
+            roles.setdefault(digest, where)
+        return roles
 
     def _check_grants(self) -> None:
         namespaces = {spec.namespace for spec in self.servers.values()}

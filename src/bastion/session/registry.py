@@ -15,8 +15,8 @@ from typing import Any
 
 from bastion.audit.scope import EvidenceScope
 from bastion.auth.principal import Principal
-from bastion.errors import SessionNotFound
-from bastion.ids import TransportSessionId, new_transport_session_id
+from bastion.errors import SessionNotFound, TooManySessions
+from bastion.ids import AgentId, TransportSessionId, new_transport_session_id
 from bastion.session.replay import ReplayLimits, SessionStreams
 from bastion.session.state import InFlightCall, TransportSession
 
@@ -31,12 +31,16 @@ class SessionRegistry:
         *,
         idle_timeout_s: float,
         max_sessions: int,
+        max_sessions_per_agent: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         mint_id: Callable[[], TransportSessionId] = new_transport_session_id,
         replay_limits: ReplayLimits | None = None,
     ) -> None:
         self._replay_limits = replay_limits or ReplayLimits()
         self._sessions: dict[TransportSessionId, TransportSession] = {}
+        # One agent must not lock every other agent out (issue #12): a share of the global cap each.
+        self._max_per_agent = max_sessions if max_sessions_per_agent is None else max_sessions_per_agent
+        self._per_agent: dict[AgentId, int] = {}
         self._idle_timeout_s = idle_timeout_s
         self._max_sessions = max_sessions
         self._clock = clock
@@ -56,7 +60,16 @@ class SessionRegistry:
         client_info: Mapping[str, Any],
         evidence: EvidenceScope,
     ) -> TransportSession:
-        """Mint a new session for ``agent``; ids are random and never reused."""
+        """Mint a new session for ``agent``; ids are random and never reused.
+
+        Raises:
+            TooManySessions: this agent holds its share of transport sessions already.
+        """
+        held = self._per_agent.get(principal.agent, 0)
+        if held >= self._max_per_agent:
+            raise TooManySessions(
+                "Service Unavailable: too many transport sessions for this agent", cause="agent_cap"
+            )
         session_id = self._mint_id()
         while session_id in self._sessions:  # pragma: no cover - 192 random bits
             session_id = self._mint_id()
@@ -74,6 +87,7 @@ class SessionRegistry:
             streams=SessionStreams(self._replay_limits),
         )
         self._sessions[session_id] = transport_session
+        self._per_agent[principal.agent] = held + 1
         return transport_session
 
     def at_capacity(self) -> bool:
@@ -111,7 +125,12 @@ class SessionRegistry:
         calls = list(transport_session.in_flight.values())
         transport_session.terminated = True
         transport_session.cancel_all()
-        self._sessions.pop(transport_session.id, None)
+        if self._sessions.pop(transport_session.id, None) is not None:
+            left = self._per_agent.get(transport_session.agent, 1) - 1
+            if left > 0:
+                self._per_agent[transport_session.agent] = left
+            else:
+                self._per_agent.pop(transport_session.agent, None)
         return calls
 
     def expired(self) -> list[TransportSession]:

@@ -83,6 +83,7 @@ from typing import Any, Protocol
 from bastion.admission.states import ExecutionState
 from bastion.audit.entry import AuditEntry
 from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
+from bastion.store.token_buckets import TokenBucketStore
 
 __all__ = [
     "AgentSessionRecord",
@@ -284,7 +285,7 @@ class CredentialRecord:
     renewed_from: str | None
 
 
-class Store(Protocol):
+class Store(TokenBucketStore, Protocol):
     """The one storage contract. Every method is a coroutine; times are timezone-aware.
 
     Each write below is one atomic transaction. Engines may commit several
@@ -552,6 +553,16 @@ class Store(Protocol):
 
     async def get_chain(self, session_id: EvidenceSessionId) -> ChainInfo | None:
         """The chain's owner, root and head, or ``None``: read paths check ownership with it."""
+        ...
+
+    async def find_entries(
+        self, execution_id: ExecutionId, *, agent: AgentId | None = None, limit: int = 10_000
+    ) -> list[AuditEntry]:
+        """Committed entries that carry ``execution_id`` (of ``agent`` only, when given), in every chain.
+
+        Ordered by ``(ts, session_id, seq)``; at most ``limit``. Finds an execution's attempts,
+        the entries a recovering worker wrote, and entries written late (issue #11 point 11).
+        """
         ...
 
     async def list_open_chains(self, *, generation: str | None = None) -> list[ChainInfo]:

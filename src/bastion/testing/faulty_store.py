@@ -37,6 +37,7 @@ from bastion.store.base import (
     Store,
     WorkerRecord,
 )
+from bastion.store.token_buckets import BucketTake, TokensRefused
 
 __all__ = ["FailPoint", "FailWhen", "FaultyStore"]
 
@@ -315,6 +316,11 @@ class FaultyStore:
     async def get_chain(self, session_id: EvidenceSessionId) -> ChainInfo | None:
         return await self.inner.get_chain(session_id)
 
+    async def find_entries(
+        self, execution_id: ExecutionId, *, agent: AgentId | None = None, limit: int = 10_000
+    ) -> list[AuditEntry]:
+        return await self.inner.find_entries(execution_id, agent=agent, limit=limit)
+
     async def list_open_chains(self, *, generation: str | None = None) -> list[ChainInfo]:
         return await self.inner.list_open_chains(generation=generation)
 
@@ -403,6 +409,17 @@ class FaultyStore:
         return await self._guard(
             "renew_credential", lambda: self.inner.renew_credential(old_credential_id, new_digest, now=now)
         )
+
+    # ------------------------------------------------------------ rate-limit token buckets (pass through)
+
+    async def take_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> TokensRefused | None:
+        return await self.inner.take_tokens(buckets, now=now)
+
+    async def refund_tokens(self, buckets: Sequence[BucketTake], *, now: datetime) -> None:
+        await self.inner.refund_tokens(buckets, now=now)
+
+    async def prune_token_buckets(self, *, now: datetime) -> int:
+        return await self.inner.prune_token_buckets(now=now)
 
 
 def _conforms(store: FaultyStore) -> Store:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bastion.errors import BastionError, InvalidRequest, ParseError
+from bastion.wire_value import wire_problem
 
 __all__ = [
     "Notification",
@@ -86,6 +87,10 @@ def parse_message(decoded: Any) -> Message:
         raise InvalidRequest("Invalid Request: the body must be a JSON-RPC object")
     if decoded.get("jsonrpc") != "2.0":
         raise InvalidRequest('Invalid Request: "jsonrpc" must be "2.0"')
+    # NaN, a lone surrogate or deep nesting cannot be hashed, encoded or relayed (issue #12).
+    problem = wire_problem(decoded)
+    if problem is not None:
+        raise InvalidRequest(f"Invalid Request: the message is not plain JSON ({problem})", problem=problem)
     params = decoded.get("params", {})
     if params is None:
         params = {}
@@ -95,6 +100,10 @@ def parse_message(decoded: Any) -> Message:
             raise InvalidRequest('Invalid Request: "method" must be a non-empty string')
         if not isinstance(params, dict):
             raise InvalidRequest('Invalid Request: "params" must be an object')
+        if "_meta" in params and not isinstance(params["_meta"], dict):
+            raise InvalidRequest(
+                'Invalid Request: "params._meta" must be an object', problem="meta_not_an_object"
+            )
         if "id" not in decoded:
             return Notification(method, params)
         if not _valid_id(decoded["id"]):

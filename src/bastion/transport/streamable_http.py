@@ -105,7 +105,9 @@ class FrontDoor:
         audit_isolation: Callable[[AgentId, str, str], Awaitable[None]],
         serving: Callable[[], None],
         track_sessionless: Callable[[Principal, anyio.CancelScope], contextlib.AbstractContextManager[None]],
+        cut_cause: Callable[[Principal], BastionError | None] = lambda principal: None,
     ) -> None:
+        self._cut_cause = cut_cause
         self._track_sessionless = track_sessionless
         self._snapshot = snapshot
         self._authenticate = authenticate
@@ -364,7 +366,12 @@ class FrontDoor:
                 if in_flight is not None:
                     in_flight.done.set()
         if call_scope.cancelled_caught:
-            await channel.end_empty()
+            cut = self._cut_cause(caller.principal)
+            if cut is None:
+                await channel.end_empty()
+            else:
+                # Cut by the gateway (revocation), not by the client: a typed answer, not silence.
+                await channel.finish(error_message(request.id, cut))
 
     async def _dispatch(
         self, caller: Caller, request: Request, sessionless: bool
@@ -403,9 +410,11 @@ class FrontDoor:
         try:
             return self._registry.get(session_id, principal)
         except SessionNotFound as exc:
-            if exc.cause == "foreign":
-                # Another principal's session id: refused as unknown, and the attempt is audited.
-                await self._audit_isolation(principal.agent, "foreign_session_id", exc.reason.value)
+            # Unknown, expired, terminated or another principal's: one answer after the same work
+            # (one audit entry naming the cause), so neither body nor timing tells them apart (#12).
+            await self._audit_isolation(
+                principal.agent, f"{exc.cause or 'unknown'}_session_id", exc.reason.value
+            )
             raise
 
     async def _initialize(self, send: Send, request: Request, principal: Principal) -> None:

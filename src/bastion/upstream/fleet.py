@@ -20,9 +20,11 @@ import anyio
 import anyio.abc
 import httpx2 as httpx
 
+from bastion.background import BackgroundTasks
 from bastion.errors import UpstreamError
 from bastion.policy.snapshot import TOOL_NAME_RULE, ServerSpec, Snapshot, UpstreamKind
 from bastion.upstream.base import Upstream, UpstreamHealth, UpstreamReplied
+from bastion.upstream.health import HealthSchedule, UpstreamProber
 from bastion.upstream.stdio import StdioUpstream
 from bastion.upstream.streamable_http import HttpUpstream
 
@@ -59,6 +61,7 @@ class UpstreamFleet:
         *,
         on_namespace_changed: NamespaceChanged | None = None,
         on_process_event: Callable[[str, Any], None] | None = None,
+        health_schedule: HealthSchedule | None = None,
     ) -> None:
         self._on_process_event = on_process_event
         self._snapshot = snapshot
@@ -77,6 +80,13 @@ class UpstreamFleet:
         self._catalog: Mapping[str, ToolEntry] = MappingProxyType({})
         self.skipped_tools: list[str] = []
         self._refresh_lock = anyio.Lock()
+        self._background = BackgroundTasks()
+        # Active health for HTTP upstreams (issue #11): stdio processes are supervised instead.
+        self.probers = {
+            name: UpstreamProber(upstream, on_reconnected=self._list_changed, schedule=health_schedule)
+            for name, upstream in self.upstreams.items()
+            if isinstance(upstream, HttpUpstream)
+        }
 
     def _build(self, spec: ServerSpec) -> Upstream:
         if spec.kind is UpstreamKind.HTTP:
@@ -93,9 +103,12 @@ class UpstreamFleet:
         async with anyio.create_task_group() as tg:
             for name in self.upstreams:
                 tg.start_soon(self.refresh_server, name)
+        for prober in self.probers.values():
+            self._background.start_soon(task_group, prober.run)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
+            await self._background.cancel_and_wait()  # no probe after the HTTP client closes
             for upstream in self.upstreams.values():
                 try:
                     await upstream.aclose()

@@ -31,6 +31,7 @@ import anyio.abc
 from anyio.streams.text import TextReceiveStream
 
 from bastion import __version__
+from bastion.children import guarded_command
 from bastion.errors import OutcomeUnknown, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from bastion.policy.snapshot import ServerSpec
 from bastion.upstream.base import (
@@ -143,7 +144,7 @@ class StdioUpstream:
     async def _run_once(self) -> None:
         env = {**os.environ, **dict(self.spec.env)}
         process = await anyio.open_process(
-            [self.spec.command or "", *self.spec.args],
+            guarded_command([self.spec.command or "", *self.spec.args]),  # ends with Bastion (#11)
             env=env,
             cwd=self.spec.cwd,
             start_new_session=True,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +114,7 @@ class HttpUpstream:
         self._on_list_changed = on_list_changed
         self._task_group: anyio.abc.TaskGroup | None = None
         self._watch_scope = anyio.CancelScope()
+        self.on_transport_error: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -159,26 +160,45 @@ class HttpUpstream:
             self._task_group.start_soon(self._watch_catalog, self._catalog)
 
     def _mark_disconnected(self, detail: str) -> None:
-        was_connected = self._connected
-        self._connected, self._detail = False, detail
-        if was_connected and self._task_group is not None:
-            self._task_group.start_soon(self._probe_until_connected)
+        self.mark_down(detail)
 
-    async def _probe_until_connected(self) -> None:
-        """While disconnected, knock every second; any HTTP answer means the transport is back."""
-        while not self._connected:
-            await anyio.sleep(1.0)
-            try:
-                response = await self._client.post(
-                    self.url,
-                    headers={**self._headers, "accept": _ACCEPT, "content-type": "application/json"},
-                    content=b'{"jsonrpc":"2.0","id":0,"method":"ping"}',
-                    timeout=5.0,
-                )
-                await response.aclose()
-            except httpx.HTTPError:
-                continue
-            self._connected, self._detail = True, None
+    # Active health (upstream/health.py) drives these: probe on an interval and on transport errors.
+
+    def mark_down(self, detail: str) -> None:
+        """The transport is known down: health says so (and mutating calls are gated) from now on."""
+        self._connected, self._detail = False, detail
+        self.nudge_health()
+
+    def mark_up(self) -> None:
+        self._connected, self._detail = True, None
+
+    def needs_negotiation(self) -> bool:
+        """Down at start: the era was never learned (the next listing negotiates it)."""
+        return self.era is UpstreamEra.UNKNOWN
+
+    def nudge_health(self) -> None:
+        """A transport error was seen: ask the health prober to look now, not at its next interval."""
+        if self.on_transport_error is not None:
+            self.on_transport_error()
+
+    async def knock(self, timeout_s: float) -> None:
+        """One health probe: a ``ping`` POST; any HTTP answer below 500 means the transport is up.
+
+        Raises:
+            UpstreamUnavailable: no connection, no answer within ``timeout_s``, or a 5xx answer.
+        """
+        try:
+            response = await self._client.post(
+                self.url,
+                headers={**self._headers, "accept": _ACCEPT, "content-type": "application/json"},
+                content=b'{"jsonrpc":"2.0","id":0,"method":"ping"}',
+                timeout=timeout_s,
+            )
+            await response.aclose()
+        except httpx.HTTPError as exc:
+            raise UpstreamUnavailable(f"upstream {self.name}: {type(exc).__name__}") from exc
+        if response.status_code >= 500:
+            raise UpstreamUnavailable(f"upstream {self.name} answered HTTP {response.status_code}")
 
     def health(self) -> UpstreamHealth:
         return UpstreamHealth(
@@ -238,6 +258,9 @@ class HttpUpstream:
         except UpstreamUnavailable as exc:
             # The transport is down (nothing could be sent): health says so until it answers again.
             self._mark_disconnected(exc.message)
+            raise
+        except OutcomeUnknown:
+            self.nudge_health()  # a lost connection may be a dead upstream: probe now
             raise
         if not self._connected:
             self._connected, self._detail = True, None

@@ -175,17 +175,40 @@ def proven_owners(
     return tuple(sorted(owners)) or None
 
 
+def recorded_lease_s(record: WorkerRecord) -> float | None:
+    """The lease the worker's own gateway ran with, as its provenance recorded it (``None``: not recorded)."""
+    lease = record.provenance.get("lease_s")
+    return float(lease) if isinstance(lease, int | float) and lease > 0 else None
+
+
 async def describe_workers(
-    store: Store, *, now: datetime, lease_s: float, pid_alive: PidAlive, this_host: str
+    store: Store,
+    *,
+    now: datetime,
+    lease_s: float | None,
+    pid_alive: PidAlive,
+    this_host: str,
+    default_lease_s: float = 10.0,
 ) -> list[WorkerView]:
-    """Every registered worker as of ``now``, oldest first. Raises :class:`StoreError` if a read fails."""
-    if not lease_s > 0:
+    """Every registered worker as of ``now``, oldest first. Raises :class:`StoreError` if a read fails.
+
+    ``lease_s`` judges every worker; ``None`` judges each with the lease its gateway recorded
+    (``default_lease_s`` where none was recorded), as the gateway itself judges it.
+    """
+    if lease_s is not None and not lease_s > 0:
         raise ValueError("lease_s must be positive")
     workers = await store.list_workers()
     holders = {g.generation: g for g in await store.list_generations()}
     attachments = await store.list_attachments()
     verdicts = {
-        w.worker_id: liveness_of(w, now, lease_s, pid_alive=pid_alive, this_host=this_host) for w in workers
+        w.worker_id: liveness_of(
+            w,
+            now,
+            lease_s if lease_s is not None else (recorded_lease_s(w) or default_lease_s),
+            pid_alive=pid_alive,
+            this_host=this_host,
+        )
+        for w in workers
     }
     live = {worker_id: verdict is Liveness.LIVE for worker_id, verdict in verdicts.items()}
     generation_of = {w.worker_id: w.generation for w in workers}

@@ -1,8 +1,10 @@
 """Fixtures of the store contract tests: one body of tests, every engine.
 
-``store`` is parametrized over :data:`ENGINES`; an engine joins by adding an
-opener here (PostgreSQL: ``"postgres": _open_postgres``, failing, not
-skipping, when its server is missing in CI).
+``store`` is parametrized over :data:`ENGINES`: the SQLite file of the test's
+temporary directory, and a fresh database of the run's throwaway PostgreSQL
+cluster (``postgres_url`` in ``tests/conftest.py``: skipped where PostgreSQL is
+not installed, failed in CI). ``replica`` opens the same data again: another
+gateway replica.
 """
 
 from __future__ import annotations
@@ -15,19 +17,27 @@ from store_support import Writer, genesis, new_writer
 
 from bastion.ids import EvidenceSessionId
 from bastion.store.base import Store
+from bastion.store.postgres import PostgresStore
 from bastion.store.sqlite import SqliteStore
 
 
-async def _open_sqlite(tmp_path: Path) -> Store:
+async def _open_sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     return await SqliteStore.open(tmp_path / "bastion.db")
 
 
-ENGINES: dict[str, Callable[[Path], Awaitable[Store]]] = {"sqlite": _open_sqlite}
+async def _open_postgres(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    return await PostgresStore.connect(request.getfixturevalue("postgres_url"))
+
+
+ENGINES: dict[str, Callable[[pytest.FixtureRequest, Path], Awaitable[Store]]] = {
+    "sqlite": _open_sqlite,
+    "postgres": _open_postgres,
+}
 
 
 @pytest.fixture(params=sorted(ENGINES))
 async def store(request: pytest.FixtureRequest, tmp_path: Path, anyio_backend: str) -> AsyncIterator[Store]:
-    opened = await ENGINES[request.param](tmp_path)
+    opened = await ENGINES[request.param](request, tmp_path)
     try:
         yield opened
     finally:
@@ -50,7 +60,7 @@ async def chain(store: Store, writer: Writer) -> EvidenceSessionId:
 @pytest.fixture
 async def replica(request: pytest.FixtureRequest, store: Store, tmp_path: Path) -> AsyncIterator[Store]:
     """A second store on the same backing data as ``store``: another replica of the gateway."""
-    opened = await ENGINES[request.node.callspec.params["store"]](tmp_path)
+    opened = await ENGINES[request.node.callspec.params["store"]](request, tmp_path)
     try:
         yield opened
     finally:

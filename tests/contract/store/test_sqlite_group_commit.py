@@ -20,6 +20,7 @@ from bastion.errors import BastionError, ExecutionCollision, NotDurable, StaleEp
 from bastion.ids import CallId, Epoch, EvidenceSessionId, ExecutionId
 from bastion.store.base import Reserved
 from bastion.store.sqlite import SqliteStore
+from bastion.store.statements import Op, execute
 
 pytestmark = pytest.mark.anyio
 
@@ -103,10 +104,10 @@ async def test_failed_commit_fails_every_write_of_the_batch(sqlite_store: Sqlite
         AGENT, ExecutionId("e0"), B0, call_id=CallId("c"), worker=w.worker, epoch=w.epoch
     )
 
-    def poison(conn: sqlite3.Connection) -> None:
+    def poison() -> Op[None]:
         # A deferred foreign-key violation passes every statement and fails COMMIT itself.
-        conn.execute("PRAGMA defer_foreign_keys = ON")
-        conn.execute("INSERT INTO claims (session_id, claim) VALUES ('ev_missing', '{}')")
+        yield from execute("PRAGMA defer_foreign_keys = ON")
+        yield from execute("INSERT INTO claims (session_id, claim) VALUES ('ev_missing', '{}')")
 
     results = await one_batch(
         store,
@@ -128,8 +129,8 @@ async def test_aborted_transaction_fails_every_write_of_the_batch(sqlite_store: 
     store = sqlite_store
     w = await new_writer(store, "w-a", "gen")
 
-    def abort(conn: sqlite3.Connection) -> None:
-        conn.execute("ROLLBACK")
+    def abort() -> Op[None]:
+        yield from execute("ROLLBACK")
         raise sqlite3.OperationalError("disk I/O error")
 
     results = await one_batch(store, [reserve(store, w, "e1", B0), lambda: store._write(abort)])

@@ -112,11 +112,15 @@ async def test_same_binding_in_flight_is_refused(store: Store, writer: Writer, s
 async def test_replay_after_every_terminal_state(
     store: Store, writer: Writer, terminal: ExecutionState
 ) -> None:
-    """Same key and binding after any terminal state: ExecutionReplay naming the earlier outcome."""
+    """Same key and binding after any terminal state: ExecutionReplay naming the earlier outcome and call."""
     await drive(store, writer, terminal)
     with pytest.raises(ExecutionReplay) as caught:
         await reserve(store, writer, call="c2")
-    assert caught.value.data == {"execution_id": EID, "earlier_outcome": terminal.value}
+    assert caught.value.data == {
+        "execution_id": EID,
+        "earlier_outcome": terminal.value,
+        "earlier_call_id": "c1",
+    }
     assert await state_of(store) is terminal
 
 
@@ -451,6 +455,25 @@ async def test_chain_appends_link_in_order(store: Store, writer: Writer, chain: 
     assert (info.agent, info.root, info.head_seq, info.head_hash, info.generation, info.closed) == (
         "agent-1", entries[0].hash, 5, entries[-1].hash, writer.generation, False,
     )  # fmt: skip
+
+
+async def test_find_entries_reaches_every_chain_of_one_agent_and_execution(
+    store: Store, writer: Writer, chain: EvidenceSessionId
+) -> None:
+    """find_entries returns an (agent, execution_id)'s entries from every chain, by time; other keys never."""
+    other = EvidenceSessionId("ev_other")
+    await store.open_chain(other, genesis(other), worker=writer.worker, epoch=writer.epoch)
+    w = {"worker": writer.worker, "epoch": writer.epoch}
+    await store.append_entry(chain, builder(chain, execution_id="x", ts="2026-05-01T12:00:02.000000Z"), **w)
+    await store.append_entry(other, builder(other, execution_id="x", ts="2026-05-01T12:00:01.000000Z"), **w)
+    await store.append_entry(other, builder(other, execution_id="x", agent="agent-2"), **w)
+    await store.append_entry(chain, builder(chain, execution_id="y"), **w)
+    await store.append_entry(chain, builder(chain), **w)
+    found = await store.find_entries(ExecutionId("x"), agent=AGENT)
+    assert [(e.session_id, e.seq) for e in found] == [(other, 1), (chain, 1)]
+    assert {e.agent for e in await store.find_entries(ExecutionId("x"))} == {"agent-1", "agent-2"}
+    assert len(await store.find_entries(ExecutionId("x"), limit=1)) == 1
+    assert await store.find_entries(ExecutionId("nobody")) == []
 
 
 async def test_read_chain_pages(store: Store, writer: Writer, chain: EvidenceSessionId) -> None:

@@ -70,8 +70,9 @@ def test_join_prints_the_shared_records() -> None:
     assert run_join("exec-7f3a", [VECTORS / "bundle_valid.jsonl"], out=out, err=err) == EXIT_OK
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("3 record(s) carry the asserted execution_id 'exec-7f3a'")
-    assert [line.split()[0] for line in lines[1:4]] == sorted(line.split()[0] for line in lines[1:4])
-    assert "bundle_valid.jsonl:3" in lines[1]
+    assert lines[1].startswith("agent 'agent-alice', execution_id 'exec-7f3a': 3 record(s)")
+    assert [line.split()[0] for line in lines[2:5]] == sorted(line.split()[0] for line in lines[2:5])
+    assert "bundle_valid.jsonl:3" in lines[2] and "agent=agent-alice" in lines[2]
 
 
 def test_join_fails_on_a_bad_bundle_and_on_usage() -> None:

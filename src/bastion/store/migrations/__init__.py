@@ -12,13 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bastion.store.migrations import (
+    postgres_0001_initial,
+    postgres_0002_token_buckets,
+    postgres_0003_entries_by_execution,
     sqlite_0001_initial,
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
     sqlite_0004_worker_registry,
+    sqlite_0005_token_buckets,
+    sqlite_0006_entries_by_execution,
 )
 
-__all__ = ["SQLITE_MIGRATIONS", "Migration"]
+__all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS", "Migration"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +38,16 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "recovery_indexes", sqlite_0002_recovery_indexes.STATEMENTS),
     Migration(3, "agent_sessions", sqlite_0003_agent_sessions.STATEMENTS),
     Migration(4, "worker_registry", sqlite_0004_worker_registry.STATEMENTS),
+    Migration(5, "token_buckets", sqlite_0005_token_buckets.STATEMENTS),
+    Migration(6, "entries_by_execution", sqlite_0006_entries_by_execution.STATEMENTS),
 )
 
-# The list is dense and ordered: migration n sits at index n - 1.
+POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial", postgres_0001_initial.STATEMENTS),
+    Migration(2, "token_buckets", postgres_0002_token_buckets.STATEMENTS),
+    Migration(3, "entries_by_execution", postgres_0003_entries_by_execution.STATEMENTS),
+)
+
+# Each list is dense and ordered: migration n sits at index n - 1.
 assert all(m.version == i + 1 for i, m in enumerate(SQLITE_MIGRATIONS))
+assert all(m.version == i + 1 for i, m in enumerate(POSTGRES_MIGRATIONS))

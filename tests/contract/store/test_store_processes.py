@@ -1,9 +1,10 @@
-"""Several OS processes on one SQLite file (DESIGN section 7): one winner per key, one unforked chain.
+"""Several OS processes on one store (DESIGN section 7): one winner per key, one unforked chain.
 
-Each child opens the file itself (the first opens race the migration), registers
-its own worker and generation, reports ``ready``, and starts only when the
-parent, having heard every child, writes ``go``: a barrier, not a sleep. Every
-wait is bounded by ``fail_after``.
+Runs on both engines (one SQLite file, one PostgreSQL schema). Each child opens
+the store itself (the first opens race the migration), registers its own
+worker and generation, reports ``ready``, and starts only when the parent,
+having heard every child, writes ``go``: a barrier, not a sleep. Every wait is
+bounded by ``fail_after``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from store_support import AGENT, assert_linked, genesis, new_writer
 
 from bastion.admission.states import ExecutionState
 from bastion.ids import EvidenceSessionId, ExecutionId
+from bastion.store.postgres import PostgresStore
 from bastion.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
@@ -42,12 +44,16 @@ import anyio.to_thread
 from bastion.audit.entry import AuditEntry
 from bastion.errors import BastionError
 from bastion.ids import AgentId, CallId, EvidenceSessionId, ExecutionId, WorkerId
+from bastion.store.postgres import PostgresStore
 from bastion.store.sqlite import SqliteStore
 import hashlib
 
 
 async def main(path, mode, index, count):
-    store = await SqliteStore.open(path)
+    if path.startswith("postgresql:"):
+        store = await PostgresStore.connect(path)
+    else:
+        store = await SqliteStore.open(path)
     try:
         worker = WorkerId(f"proc-{index}")
         now = datetime.now(UTC)
@@ -90,7 +96,7 @@ anyio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
 """
 
 
-async def run_children(tmp_path: Path, db: Path, mode: str, count: int) -> list[dict[str, str]]:
+async def run_children(tmp_path: Path, db: str, mode: str, count: int) -> list[dict[str, str]]:
     """Start PROCESSES children, release them together, and return what each reports."""
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -98,7 +104,7 @@ async def run_children(tmp_path: Path, db: Path, mode: str, count: int) -> list[
         async with AsyncExitStack() as stack:
             procs: list[Process] = []
             for index in range(PROCESSES):
-                command = [sys.executable, str(script), str(db), mode, str(index), str(count)]
+                command = [sys.executable, str(script), db, mode, str(index), str(count)]
                 procs.append(
                     await stack.enter_async_context(
                         await anyio.open_process(command, stdin=PIPE, stdout=PIPE, stderr=PIPE)
@@ -125,6 +131,24 @@ async def run_children(tmp_path: Path, db: Path, mode: str, count: int) -> list[
     return reports
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def location(request: pytest.FixtureRequest, engine: str, tmp_path: Path) -> str:
+    """Where the children meet: a SQLite file, or the test's PostgreSQL schema."""
+    if engine == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
+    return str(tmp_path / "shared.db")
+
+
+async def open_location(db: str) -> SqliteStore | PostgresStore:
+    if db.startswith("postgresql:"):
+        return await PostgresStore.connect(db)
+    return await SqliteStore.open(db)
+
+
 async def _drain(process: Process) -> bytes:
     assert process.stderr is not None
     chunks = []
@@ -136,14 +160,16 @@ async def _drain(process: Process) -> bytes:
 @pytest.mark.parametrize(
     ("mode", "loser"), [("reserve-same", "ExecutionInFlight"), ("reserve-different", "ExecutionCollision")]
 )
-async def test_processes_race_for_the_same_keys(tmp_path: Path, mode: str, loser: str) -> None:
-    """4 processes reserve the same 40 keys on a fresh file: each key has exactly one winner."""
-    db = tmp_path / "shared.db"
+async def test_processes_race_for_the_same_keys(
+    request: pytest.FixtureRequest, engine: str, tmp_path: Path, mode: str, loser: str
+) -> None:
+    """4 processes reserve the same 40 keys on a fresh store: each key has exactly one winner."""
+    db = location(request, engine, tmp_path)
     reports = await run_children(tmp_path, db, mode, KEYS)
 
     for n in range(KEYS):
         assert Counter(report[str(n)] for report in reports) == {"Reserved": 1, loser: PROCESSES - 1}
-    async with await SqliteStore.open(db) as store:
+    async with await open_location(db) as store:
         for n in range(KEYS):
             winner = next(i for i, report in enumerate(reports) if report[str(n)] == "Reserved")
             record = await store.get_execution(AGENT, ExecutionId(f"k{n}"))
@@ -151,17 +177,19 @@ async def test_processes_race_for_the_same_keys(tmp_path: Path, mode: str, loser
             assert (record.state, record.generation) == (ExecutionState.RESERVED, f"gen-{winner}")
 
 
-async def test_processes_append_to_one_chain_without_fork(tmp_path: Path) -> None:
+async def test_processes_append_to_one_chain_without_fork(
+    request: pytest.FixtureRequest, engine: str, tmp_path: Path
+) -> None:
     """4 processes x 40 concurrent appends on one chain: seq contiguous, every link intact, nothing lost."""
-    db = tmp_path / "shared.db"
+    db = location(request, engine, tmp_path)
     session_id = EvidenceSessionId("ev_shared")
-    async with await SqliteStore.open(db) as store:
+    async with await open_location(db) as store:
         opener = await new_writer(store, "opener", "gen-opener")
         await store.open_chain(session_id, genesis(session_id), worker=opener.worker, epoch=opener.epoch)
 
     await run_children(tmp_path, db, "append", APPENDS)
 
-    async with await SqliteStore.open(db) as store:
+    async with await open_location(db) as store:
         entries = await store.read_chain(session_id)
     assert len(entries) == 1 + PROCESSES * APPENDS
     assert_linked(entries)

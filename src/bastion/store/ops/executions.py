@@ -1,0 +1,99 @@
+"""Operations on execution rows: reservation with its binding, state transitions, recovery.
+
+Each runs in one transaction after :func:`~bastion.store.ops.workers.fence`;
+the row is read ``FOR UPDATE`` (PostgreSQL), so two transitions of one row
+never interleave. Two replicas inserting one new row race on its primary key:
+the loser's engine retries the whole operation, which then classifies the
+winner's row (in flight, collision) like any other.
+"""
+
+from __future__ import annotations
+
+from bastion.admission.states import ExecutionState, check_transition
+from bastion.errors import Conflict, ExecutionCollision, ExecutionInFlight, ExecutionReplay
+from bastion.ids import AgentId, CallId, Epoch, ExecutionId, WorkerId
+from bastion.store.base import ExecutionRecord, Readmitted, RecoveredExecution, Reserved, ReserveOutcome
+from bastion.store.ops.workers import fence
+from bastion.store.rows import SELECT_EXECUTION, execution_from_row
+from bastion.store.statements import Op, execute, one, rows
+
+_UPDATE_STATE = "UPDATE executions SET state = ?, worker = ?, epoch = ? WHERE agent = ? AND execution_id = ?"
+
+
+def select_execution(
+    agent: AgentId, execution_id: ExecutionId, *, lock: bool = False
+) -> Op[ExecutionRecord | None]:
+    row = yield from one(SELECT_EXECUTION, agent, execution_id, lock="FOR UPDATE" if lock else "")
+    return None if row is None else execution_from_row(row)
+
+
+def reserve_execution(
+    agent: AgentId, execution_id: ExecutionId, binding: str, call_id: CallId, worker: WorkerId, epoch: Epoch
+) -> Op[ReserveOutcome]:
+    generation = yield from fence(worker, epoch)
+    row = yield from select_execution(agent, execution_id, lock=True)
+    if row is None:
+        check_transition(None, ExecutionState.RESERVED)
+        yield from execute(
+            "INSERT INTO executions (agent, execution_id, binding, state, call_id, generation, worker, epoch)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            agent, execution_id, binding, ExecutionState.RESERVED.value, call_id, generation, worker, epoch,
+        )  # fmt: skip
+        return Reserved((yield from select_execution(agent, execution_id)))  # type: ignore[arg-type]
+    if row.binding != binding:
+        raise ExecutionCollision(execution_id=execution_id)
+    if row.state.is_terminal:
+        raise ExecutionReplay(
+            execution_id=execution_id, earlier_outcome=row.state.value, earlier_call_id=row.call_id
+        )
+    if row.state is not ExecutionState.RELEASED:
+        raise ExecutionInFlight(execution_id=execution_id, state=row.state.value)
+    check_transition(row.state, ExecutionState.RESERVED)
+    yield from execute(
+        "UPDATE executions SET state = ?, call_id = ?, generation = ?, worker = ?, epoch = ?"
+        " WHERE agent = ? AND execution_id = ?",
+        ExecutionState.RESERVED.value, call_id, generation, worker, epoch, agent, execution_id,
+    )  # fmt: skip
+    return Readmitted((yield from select_execution(agent, execution_id)))  # type: ignore[arg-type]
+
+
+def transition(
+    agent: AgentId, execution_id: ExecutionId, target: ExecutionState, worker: WorkerId, epoch: Epoch
+) -> Op[ExecutionRecord]:
+    generation = yield from fence(worker, epoch)
+    row = yield from select_execution(agent, execution_id, lock=True)
+    if row is None:
+        raise Conflict("no such execution", execution_id=execution_id)
+    if row.generation != generation:
+        raise Conflict("the execution belongs to another generation", execution_id=execution_id)
+    check_transition(row.state, target)
+    yield from execute(_UPDATE_STATE, target.value, worker, epoch, agent, execution_id)
+    return (yield from select_execution(agent, execution_id))  # type: ignore[return-value]
+
+
+def recover_worker(generation: str, new_worker: WorkerId, new_epoch: Epoch) -> Op[list[RecoveredExecution]]:
+    if (yield from fence(new_worker, new_epoch)) != generation:
+        raise Conflict("the recovering worker does not hold that generation")
+    found = yield from rows(
+        "SELECT agent, execution_id, binding, state, call_id, worker, epoch FROM executions"
+        " WHERE generation = ? AND state IN ('reserved', 'invoking') AND epoch < ?"
+        " ORDER BY agent, execution_id",
+        generation,
+        new_epoch,
+        lock="FOR UPDATE",
+    )
+    recovered = []
+    for agent, execution_id, binding, state, call_id, worker, epoch in found:
+        previous = ExecutionState(state)
+        target = (
+            ExecutionState.OUTCOME_UNKNOWN if previous is ExecutionState.INVOKING else ExecutionState.RELEASED
+        )
+        check_transition(previous, target)
+        yield from execute(_UPDATE_STATE, target.value, new_worker, new_epoch, agent, execution_id)
+        recovered.append(
+            RecoveredExecution(
+                AgentId(agent), ExecutionId(execution_id), binding, call_id,
+                previous, target, WorkerId(worker), Epoch(epoch),
+            )
+        )  # fmt: skip
+    return recovered

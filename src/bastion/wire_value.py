@@ -1,0 +1,58 @@
+"""Whether a decoded JSON value can cross the gateway (issue #12, DESIGN section 9).
+
+Python's ``json`` reads more than JSON: ``NaN`` and ``Infinity``, lone
+surrogates (``"\\ud800"``), and nesting deep enough to exhaust the stack of
+whoever walks the value next (the binding, the audit digest, the encoder).
+None of them can be hashed (RFC 8785), written as UTF-8, or relayed. A client's
+request carrying one is refused before dispatch; an upstream's result carrying
+one ends the call as an upstream error, never as an HTTP 500.
+
+:func:`wire_problem` walks the value once, without recursion, and names the
+first defect; it never echoes the offending value. This module is pure.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["MAX_DEPTH", "wire_problem"]
+
+#: Deepest nesting of objects and arrays accepted in a request or a result: far beyond any
+#: tool's schema, far below the depth at which a recursive walker exhausts the stack.
+MAX_DEPTH = 100
+
+
+def wire_problem(value: Any, *, max_depth: int = MAX_DEPTH) -> str | None:
+    """The first defect of ``value`` (``"not_finite"``, ``"lone_surrogate"``, ``"too_deep"``), or ``None``."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if not _encodable(item):
+                return "lone_surrogate"
+        elif kind is float:
+            if not math.isfinite(item):
+                return "not_finite"
+        elif kind is dict or kind is list:
+            if depth >= max_depth:
+                return "too_deep"
+            if kind is dict:
+                for key, child in item.items():
+                    if isinstance(key, str) and not _encodable(key):
+                        return "lone_surrogate"
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in item)
+    return None
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
