@@ -19,6 +19,7 @@ from bastion.errors import LastEventIdUnknown
 from bastion.session.replay import EventStream
 from bastion.session.state import TransportSession
 from bastion.transport.channel import sse_frame
+from bastion.transport.wire import watch_disconnect
 
 __all__ = ["serve_event_stream"]
 
@@ -54,7 +55,7 @@ async def serve_event_stream(
     )
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
+            tg.start_soon(watch_disconnect, receive, tg.cancel_scope)
             while not transport_session.terminated and stream.is_current(reader):
                 changed = stream.changed
                 try:
@@ -75,9 +76,3 @@ async def serve_event_stream(
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except OSError:
         pass
-
-
-async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()

@@ -2,15 +2,18 @@
 
 Order of checks for every request, first failure wins, each a typed error:
 
-1. HTTP method (405), ``Origin`` (403), credential (401).
+1. HTTP method (405), ``Host`` (421) and ``Origin`` (403) against DNS rebinding
+   (``transport/rebinding.py``), credential (401).
 2. POST: ``Content-Type`` (415), ``Accept`` (406), body size (413), JSON (-32700), JSON-RPC shape (-32600).
-3. Era. ``initialize`` opens a session-era transport session. A request whose
-   ``MCP-Protocol-Version`` is a sessionless revision is served alone, after its
-   header and ``_meta`` versions are checked to agree (400). Anything else is
-   session era: ``Mcp-Session-Id`` is required (400), must name a live session
-   of this agent (404, the same for unknown, expired, terminated and foreign),
-   and the version header must match the negotiated one (400; absent means
-   2025-03-26). An unknown version is refused (400).
+3. Era, by ``MCP-Protocol-Version`` as the reference servers route. A
+   session-era revision, or none, is the session era: ``initialize`` opens a
+   transport session; anything else needs ``Mcp-Session-Id`` (400) naming a live
+   session of this agent (404, the same for unknown, expired, terminated and
+   foreign), and a version header, when present, equal to the negotiated one
+   (400; absent means the negotiated one). Any other revision is served alone
+   after the per-request ladder: header and ``_meta`` agree (400), the revision
+   is supported (-32022 with the request's id and ``server/discover``'s list).
+   GET resumes or opens a session's event stream (``transport/resume.py``).
 4. Dispatch (``methods.py``), on a :class:`ResponseChannel` that belongs to this
    request alone.
 
@@ -36,7 +39,6 @@ from bastion.call import RECEIPT_META_KEY
 from bastion.caller import Caller
 from bastion.errors import (
     BastionError,
-    BodyTooLarge,
     HeaderMismatch,
     InvalidParams,
     InvalidRequest,
@@ -60,10 +62,8 @@ from bastion.transport.channel import ResponseChannel
 from bastion.transport.jsonrpc import (
     Notification,
     Request,
-    RequestId,
     Response,
     decode_body,
-    dumps,
     error_message,
     parse_message,
     result_message,
@@ -71,6 +71,7 @@ from bastion.transport.jsonrpc import (
 from bastion.transport.rebinding import check_host_and_origin
 from bastion.transport.relay import StreamRelay
 from bastion.transport.resume import serve_event_stream
+from bastion.transport.wire import accepted, meta_of, read_body, reject, watch_disconnect
 from bastion.upstream.base import UpstreamReplied
 from bastion.versions import (
     HANDSHAKE_VERSIONS,
@@ -126,7 +127,7 @@ class FrontDoor:
         try:
             await self._serve(scope, receive, send, headers)
         except RequestRejected as exc:
-            await _reject(send, exc, None)
+            await reject(send, exc, None)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
         # (1) method, origin, credential
@@ -145,7 +146,7 @@ class FrontDoor:
             principal = await self._authenticate(scope, headers.get("authorization"))
         except RequestRejected as exc:
             presented = "authorization" in headers or b"token=" in scope.get("query_string", b"")
-            await _reject(send, exc, None, challenge=self._challenge(presented))
+            await reject(send, exc, None, challenge=self._challenge(presented))
             return
         version_header = headers.get("mcp-protocol-version")
         if method == "POST":
@@ -190,7 +191,7 @@ class FrontDoor:
         if "application/json" not in accept and "*/*" not in accept:
             raise NotAcceptable()
         sse_allowed = "text/event-stream" in accept or "*/*" in accept
-        body = await _read_body(receive, headers, snapshot.gateway.max_body_bytes)
+        body = await read_body(receive, headers, snapshot.gateway.max_body_bytes)
         decoded = decode_body(body)
         message = parse_message(decoded)
         version_header = headers.get("mcp-protocol-version")
@@ -211,7 +212,7 @@ class FrontDoor:
             raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
         if isinstance(message, Notification):
             self._on_notification(transport_session, message)
-            await _accepted(send)
+            await accepted(send)
             return
         if isinstance(message, Response):
             pending = transport_session.client_requests.get(str(message.id))
@@ -220,7 +221,7 @@ class FrontDoor:
                     {"result": message.result} if message.error is None else {"error": message.error}
                 )
                 pending.done.set()
-            await _accepted(send)
+            await accepted(send)
             return
         if message.id in transport_session.in_flight:
             raise InvalidRequest("Invalid Request: this request id is already in flight on this session")
@@ -252,16 +253,16 @@ class FrontDoor:
             # revision not served is told so, as a request is.
             if requested not in MODERN_VERSIONS:
                 raise UnsupportedProtocolVersion(supported=list(SUPPORTED_VERSIONS), requested=requested)
-            await _accepted(send)
+            await accepted(send)
             return
         if isinstance(message, Response):
             raise InvalidRequest("Invalid Request: the sessionless era has no back channel to answer")
         if message.method == "subscriptions/listen" and not sse_allowed:
             raise NotAcceptable("Not Acceptable: a listen stream needs Accept: text/event-stream")
-        if requested not in MODERN_VERSIONS and PROTOCOL_VERSION_META_KEY not in _meta_of(decoded):
+        if requested not in MODERN_VERSIONS and PROTOCOL_VERSION_META_KEY not in meta_of(decoded):
             # No per-request envelope to check the header against: the revision itself is the answer.
             unsupported = UnsupportedProtocolVersion(supported=list(SUPPORTED_VERSIONS), requested=requested)
-            await _reject(send, unsupported, message.id)
+            await reject(send, unsupported, message.id)
             return
         verdict = classify_inbound_request(
             decoded, headers=dict(headers.items()), supported_modern_versions=SUPPORTED_VERSIONS
@@ -275,7 +276,7 @@ class FrontDoor:
                 error = HeaderMismatch(getattr(verdict, "message", None))
             else:
                 error = InvalidParams(getattr(verdict, "message", None))
-            await _reject(send, error, message.id, status=ERROR_CODE_HTTP_STATUS.get(code, 400))
+            await reject(send, error, message.id, status=ERROR_CODE_HTTP_STATUS.get(code, 400))
             return
         capabilities = getattr(verdict, "client_capabilities", None)
         # One evidence session per sessionless request, closed (claim issued) when the request ends.
@@ -337,7 +338,7 @@ class FrontDoor:
                     # does revoking its agent session.
                     with self._track_sessionless(caller.principal, call_scope):
                         async with anyio.create_task_group() as tg:
-                            tg.start_soon(_watch_disconnect, receive, call_scope)
+                            tg.start_soon(watch_disconnect, receive, call_scope)
                             reply, status = await self._dispatch(caller, request, sessionless)
                             tg.cancel_scope.cancel()
                 else:
@@ -430,7 +431,7 @@ class FrontDoor:
             error = InvalidParams(
                 "Invalid params: initialize needs protocolVersion, capabilities and clientInfo"
             )
-            await _reject(send, error, request.id, status=400)
+            await reject(send, error, request.id, status=400)
             return
         if self._registry.at_capacity():
             raise TooManySessions()
@@ -456,64 +457,3 @@ class FrontDoor:
         if version_header is not None and version_header != transport_session.protocol_version:
             raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
         await serve_event_stream(receive, send, transport_session, headers.get("last-event-id"))
-
-
-def _meta_of(decoded: dict[str, Any]) -> dict[str, Any]:
-    params = decoded.get("params")
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    return meta if isinstance(meta, dict) else {}
-
-
-async def _watch_disconnect(receive: Receive, call_scope: anyio.CancelScope | None) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            if call_scope is not None:
-                call_scope.cancel()
-            return
-
-
-async def _read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
-    declared = headers.get("content-length")
-    if declared is not None:
-        try:
-            if int(declared) > limit:
-                raise BodyTooLarge(limit=limit)
-        except ValueError as exc:
-            raise InvalidRequest("Invalid Request: bad Content-Length") from exc
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise InvalidRequest("Invalid Request: the client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(limit=limit)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _accepted(send: Send) -> None:
-    await send({"type": "http.response.start", "status": 202, "headers": []})
-    await send({"type": "http.response.body", "body": b""})
-
-
-async def _reject(
-    send: Send,
-    error: BastionError,
-    request_id: RequestId | None,
-    *,
-    status: int | None = None,
-    challenge: str = 'Bearer realm="bastion"',
-) -> None:
-    body = dumps(error_message(request_id, error))
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if error.http_status == 401:
-        headers.append((b"www-authenticate", challenge.encode()))
-    if error.http_status == 405:
-        headers.append((b"allow", b"GET, POST, DELETE"))
-    await send({"type": "http.response.start", "status": status or error.http_status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
