@@ -64,9 +64,9 @@ class GatewaySettings:
     max_transport_sessions_per_agent: int = 10_000
     # Session-era SSE resumption (session/replay.py): per stream, events and bytes kept for
     # Last-Event-ID; per session, response streams kept (the oldest finished ones go first).
-    sse_replay_events: int = 256
-    sse_replay_bytes: int = 262_144
-    sse_replay_streams: int = 32
+    sse_replay_events: int = 128
+    sse_replay_bytes: int = 65_536
+    sse_replay_streams: int = 8
 
     def __post_init__(self) -> None:
         if self.sse_replay_events < 1 or self.sse_replay_streams < 1 or self.sse_replay_bytes < 1024:

@@ -33,9 +33,9 @@ __all__ = ["EventStream", "ReplayLimits", "SessionStreams"]
 class ReplayLimits:
     """Bounds on what one session keeps for replay (``[gateway] sse_replay_*``, checked there)."""
 
-    events_per_stream: int = 256
-    bytes_per_stream: int = 262_144
-    streams_per_session: int = 32
+    events_per_stream: int = 128
+    bytes_per_stream: int = 65_536
+    streams_per_session: int = 8
 
 
 class EventStream:
