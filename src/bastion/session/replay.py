@@ -110,8 +110,7 @@ class EventStream:
         return self._changed
 
     def close(self) -> None:
-        """End every reader (the session is over)."""
-        self._reader += 1
+        """No event follows (the session is over); GET readers end, a POST still writes its last answer."""
         self.finished = True
         self._wake()
 
