@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck unit bench clean
+.PHONY: serve test lint typecheck unit bench clean conformance
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,10 +23,17 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider
+	tests/conformance/install.sh
+	BASTION_NODE_REQUIRED=1 $(BIN)/pytest -q -p no:cacheprovider
+	$(MAKE) conformance
+
+# The official MCP conformance suite, direct vs through Bastion (tests/conformance/run.py).
+conformance: $(STAMP)
+	tests/conformance/install.sh
+	$(BIN)/python -m tests.conformance.run
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .conformance

@@ -64,6 +64,7 @@ def create_app(
         if gateway is None:
             return JSONResponse({"ready": False, "detail": "starting"}, status_code=503)
         ready, detail = gateway.readiness()
+        detail["policy_fleet"] = await gateway.fleet_policy()  # issue #10: who runs which snapshot
         return JSONResponse(detail, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
@@ -135,14 +136,16 @@ def create_app(
                     challenge=gateway.challenge,
                     registry=gateway.registry,
                     router=gateway.router,
-                    close_session=gateway.close_transport_session,
+                    close_session=gateway.end_transport_session,
                     evidence_for=gateway.evidence_for,
                     request_evidence_for=gateway.request_evidence_for,
                     end_request_evidence=gateway.end_request_evidence,
                     audit_isolation=gateway.audit_isolation,
                     serving=gateway.serving,
                     track_sessionless=gateway.sessionless_call,
+                    client_notified=gateway.pass_on_client_notification,
                     cut_cause=gateway.cut_cause,
+                    replicas=gateway.shared,
                 )
                 state["admin"] = _admin_router(gateway)
                 yield

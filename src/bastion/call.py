@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from mcp_types import LOG_LEVEL_META_KEY
 
 from bastion.admission.binding import compute_binding
+from bastion.admission.continuation import InputContinuations
 from bastion.admission.envelope import CmcpEnvelope, read_envelope
 from bastion.admission.states import ExecutionState
 from bastion.audit.earlier import name_earlier_attempt
@@ -39,6 +41,7 @@ from bastion.errors import (
     ExecutionInFlight,
     ExecutionReplay,
     GrantDenied,
+    HeaderMismatch,
     InvalidParams,
     NotDurable,
     StaleEpoch,
@@ -48,6 +51,7 @@ from bastion.errors import (
     UpstreamUnavailable,
 )
 from bastion.ids import CallId, Epoch, WorkerId, new_call_id
+from bastion.param_headers import check_param_headers
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.grants import Rate
 from bastion.policy.shared_limits import StoreRateLimiter
@@ -138,6 +142,7 @@ class ToolCallPath:
         self._store = store
         self._membership = membership
         self._health = health
+        self._continuations = InputContinuations()
 
     async def call_tool(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         """Decide, admit, relay and record one tool call; returns the upstream's result with a receipt.
@@ -165,7 +170,7 @@ class ToolCallPath:
                 **data,
                 receipt=self._receipt(scope, attempt),
             ) from exc
-        except (CallRefused, InvalidParams) as exc:
+        except (CallRefused, InvalidParams, HeaderMismatch) as exc:
             if not exc.data.get("audited"):
                 await self._audit_refusal(scope, attempt, exc)
             exc.data.pop("audited", None)
@@ -253,6 +258,9 @@ class ToolCallPath:
                 policy_version=snapshot.version,
             )
         attempt.charged = decision.limits
+        if caller.param_headers is not None:
+            # After the grant decision: a tool the caller may not see stays unknown to it.
+            check_param_headers(entry.definition, arguments, caller.param_headers)
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)
@@ -271,7 +279,14 @@ class ToolCallPath:
             raise
         execution_id = attempt.envelope.execution_id
         worker, epoch = self._membership.credentials()
-        if execution_id is not None:
+        # The next round of an execution that asked its client for input is that execution
+        # continuing (its row stayed invoking), not a replay: admission/continuation.py.
+        continuation = (
+            self._continuations.take(caller.agent, execution_id, attempt.binding, params)
+            if execution_id is not None
+            else None
+        )
+        if execution_id is not None and continuation is None:
             try:
                 await self._store.reserve_execution(
                     caller.agent,
@@ -306,7 +321,7 @@ class ToolCallPath:
         # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
         upstream = self._fleet.upstreams[entry.server]
         self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
-        if execution_id is not None:
+        if execution_id is not None and continuation is None:
             if not upstream.health().connected:
                 await self._release(caller, attempt, scope)
                 raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
@@ -351,8 +366,9 @@ class ToolCallPath:
                 if caller.transport_session
                 else None,
                 timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
-                log_level=caller.log_level,
+                log_level=caller.log_level or _requested_log_level(params),
                 client_answers_requests=caller.transport_session is not None,
+                owner=caller.agent,
             )
             return await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
 
@@ -361,11 +377,19 @@ class ToolCallPath:
         ) -> None:
             await self._finish(caller, attempt, scope, state, reason=reason, result_digest=result_digest)
 
+        async def await_input(result: dict[str, Any]) -> None:
+            # Not an outcome: the client is asked for input and comes back with the same call.
+            if execution_id is not None and attempt.binding is not None:
+                self._continuations.expect(
+                    caller.agent, execution_id, attempt.binding, result.get("requestState")
+                )
+            await self._record(scope, attempt, AuditEvent.INPUT_REQUIRED, reason="input_required")
+
         # (8) Outcome: from here every way out (result, error, cancellation, garbage) records a
         #     durable terminal state, then its audit entry, then answers (settle.py).
         attempt.sent = True
         try:
-            result = await send_and_settle(send, finish)
+            result = await send_and_settle(send, finish, on_input_required=await_input)
         except UpstreamReplied as exc:
             raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
         meta = dict(result.get("_meta") or {})
@@ -584,6 +608,13 @@ def _with_receipt_meta(exc: UpstreamReplied, receipt: dict[str, Any]) -> Upstrea
         else {"upstream_data": data, "receipt": receipt}
     )
     return UpstreamReplied(error)
+
+
+def _requested_log_level(params: dict[str, Any]) -> str | None:
+    # A 2026-07-28 client asks for log messages per request, in _meta (there is no logging/setLevel).
+    meta = params.get("_meta")
+    level = meta.get(LOG_LEVEL_META_KEY) if isinstance(meta, dict) else None
+    return level if isinstance(level, str) else None
 
 
 def _progress_token(params: dict[str, Any]) -> str | int | None:

@@ -12,9 +12,11 @@
     │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)
     │  ├─ UnsupportedProtocolVersion (-32022, 400)
     │  ├─ MethodNotAllowed (405)   TooManySessions (503)   WorkerSuperseded (503)
+│  ├─ SessionStoreUnavailable (503)
     │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
     ├─ CallRefused            inside a call: HTTP 200 + JSON-RPC error in -32000…-32099
     │  ├─ UnknownTool   GrantDenied   InvalidCmcpEnvelope   ArgumentConstraintFailed   RateLimited
+│  ├─ InputRoundUnknown (a requestState this replica does not hold for this agent)
     │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
     │  └─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
@@ -50,6 +52,7 @@ __all__ = [
     "GrantDenied",
     "HeaderMismatch",
     "HostForbidden",
+    "InputRoundUnknown",
     "InvalidCmcpEnvelope",
     "InvalidParams",
     "InvalidRequest",
@@ -69,6 +72,7 @@ __all__ = [
     "RequestRejected",
     "SessionIdMissing",
     "SessionNotFound",
+    "SessionStoreUnavailable",
     "StaleEpoch",
     "StoreError",
     "TooManySessions",
@@ -106,6 +110,7 @@ class Reason(enum.StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     TOO_MANY_SESSIONS = "too_many_sessions"
     WORKER_SUPERSEDED = "worker_superseded"
+    SESSION_STORE_UNAVAILABLE = "session_store_unavailable"
     CREDENTIAL_INVALID = "credential_invalid"
     AGENT_SESSION_EXPIRED = "agent_session_expired"
     AGENT_SESSION_REVOKED = "agent_session_revoked"
@@ -121,6 +126,7 @@ class Reason(enum.StrEnum):
     EXECUTION_IN_FLIGHT = "execution_in_flight"
     EXECUTION_REPLAY = "execution_replay"
     EXECUTION_ID_REQUIRED = "execution_id_required"
+    INPUT_ROUND_UNKNOWN = "input_round_unknown"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
@@ -283,6 +289,14 @@ class WorkerSuperseded(RequestRejected):
     default_message = "Service Unavailable: this gateway worker was superseded"
 
 
+class SessionStoreUnavailable(RequestRejected):
+    """A transport session could not be recorded or read in the store: nothing was opened or served (#10)."""
+
+    reason = Reason.SESSION_STORE_UNAVAILABLE
+    http_status = 503
+    default_message = "Service Unavailable: the transport session store cannot be reached"
+
+
 class MethodNotAllowed(RequestRejected):
     reason = Reason.METHOD_NOT_ALLOWED
     http_status = 405
@@ -344,6 +358,17 @@ class ArgumentConstraintFailed(CallRefused):
     reason = Reason.ARGUMENT_CONSTRAINT_FAILED
     jsonrpc_code = -32032
     default_message = "Arguments do not satisfy the grant's constraints"
+
+
+class InputRoundUnknown(CallRefused):
+    """A retry names a ``requestState`` this replica is not holding for this agent (issue #8).
+
+    Unknown, expired, already used, issued at another replica, or another agent's: one answer.
+    """
+
+    reason = Reason.INPUT_ROUND_UNKNOWN
+    jsonrpc_code = -32036
+    default_message = "Unknown or expired requestState: call the tool again without it"
 
 
 class RateLimited(CallRefused):

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -54,12 +54,17 @@ from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
 from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
+from bastion.propagation.feed import PollingChangeFeed, notifications_for
+from bastion.propagation.follower import ReplicaFollower
+from bastion.propagation.policy_status import read_fleet_policy, report_policy
 from bastion.session.listeners import TOOLS_LIST_CHANGED, ListenerHub
 from bastion.session.registry import SessionRegistry
 from bastion.session.replay import ReplayLimits
+from bastion.session.shared import SharedSessions
 from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
+from bastion.store.replicas import ChangeKind
 from bastion.store.select import open_store
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
@@ -81,8 +86,13 @@ logger = logging.getLogger(__name__)
 _SWEEP_INTERVAL_S = 5.0
 # How long closing a session waits for its cancelled calls to record their outcome.
 _CANCELLED_CALLS_GRACE_S = 10.0
-# A revocation made at another replica reaches this one within this bound (plus one store read).
-REVOCATION_SYNC_S = 2.0
+# A revocation, termination or policy reload made at another replica reaches this one within this
+# bound: the change feed is read every POLL_INTERVAL_S (0.25 s), or at once on a notification (#10).
+REVOCATION_SYNC_S = 1.0
+# How often this replica writes the shared last-seen time of the sessions it served (one batch).
+_TOUCH_FLUSH_S = 1.0
+# How long the change feed and terminated or idle session records are kept.
+_CHANGE_RETENTION_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -171,6 +181,10 @@ class Gateway:
         self.recorder: EvidenceRecorder | None = None
         self.call_path: ToolCallPath | None = None
         self.router: MethodRouter | None = None
+        # Issue #10: transport sessions as store records, and the change feed this replica follows.
+        self.shared: SharedSessions | None = None
+        self.follower: ReplicaFollower | None = None
+        self.feed: PollingChangeFeed | None = None
         # Open subscriptions/listen streams (sessionless clients' list_changed notifications).
         self.listeners = ListenerHub()
         self._tsm = ConfigfsTsm(options.tsm_root)
@@ -309,7 +323,7 @@ class Gateway:
             verifier = OAuthVerifier(oauth, self._oauth_http)
         self._store_auth = StoreBearerAuth(store)
         self.authenticator = Authenticator(self.auth, self._store_auth, verifier)
-        self.background.start_soon(task_group, self._follow_revocations)
+        self._start_replica_links(task_group, store)
         self.runtimes = RuntimeRegistry(
             store,
             clock=lambda: datetime.now(UTC),
@@ -618,26 +632,108 @@ class Gateway:
         self._applied_revocations.add(record.agent_session_id)
         return summary
 
-    async def _follow_revocations(self) -> None:
-        """Apply revocations made at other replicas (the store is the truth): bound REVOCATION_SYNC_S."""
+    async def revoked_elsewhere(self, agent_session_id: str) -> None:
+        """A revocation made anywhere (the change feed said so): end it here if this replica serves it."""
         assert self.store is not None
+        if agent_session_id in self._applied_revocations:
+            return
+        live = {t.principal.agent_session_id for t in self.registry} | set(self._sessionless_in_flight)
+        if agent_session_id not in live:
+            return
+        record = await self.store.get_agent_session(agent_session_id)
+        if record is not None and record.revoked_at is not None:
+            await self.end_agent_session(record)
+
+    # ------------------------------------------------------------------ replicas (issue #10)
+
+    def _start_replica_links(self, task_group: anyio.abc.TaskGroup, store: Store) -> None:
+        """Shared transport sessions, the change feed, policy reports: what makes replicas interchangeable."""
+        assert self.membership is not None
+        membership = self.membership
+        self.shared = SharedSessions(
+            self.registry,
+            store,
+            membership.credentials,
+            self.evidence_for,
+            idle_timeout_s=lambda: self.policy.current.gateway.transport_session_idle_s,
+        )
+        self.feed = PollingChangeFeed(store)
+        self.follower = ReplicaFollower(
+            store,
+            self.registry,
+            worker=lambda: membership.worker,
+            revoked=self.revoked_elsewhere,
+            close_locally=self.close_transport_session,
+            reload_policy=self.follow_policy_reload,
+            policy_version=lambda: self.policy.current.version,
+        )
+        follower = self.follower
+        feed = self.feed
+
+        async def follow() -> None:
+            with contextlib.suppress(StoreError):
+                await feed.start()
+            await feed.follow(follower.apply)
+
+        self.background.start_soon(task_group, follow)
+        listen = notifications_for(store)
+        if listen is not None:
+            self.background.start_soon(task_group, listen, feed.nudge)
+        self.background.start_soon(task_group, self._flush_touches)
+        self.background.start_soon(task_group, self._report_policy)
+
+    async def _flush_touches(self) -> None:
+        assert self.shared is not None and self.store is not None
+        last_prune = time.monotonic()
         while True:
-            await anyio.sleep(REVOCATION_SYNC_S)
-            live = {t.principal.agent_session_id for t in self.registry} | set(self._sessionless_in_flight)
-            live.discard(None)
-            for agent_session_id in live:
-                if agent_session_id is None or agent_session_id in self._applied_revocations:
-                    continue
-                try:
-                    record = await self.store.get_agent_session(agent_session_id)
-                except StoreError:
-                    continue
-                if record is not None and record.revoked_at is not None:
-                    await self.end_agent_session(record)
+            await anyio.sleep(_TOUCH_FLUSH_S)
+            if self.membership is None or self.membership.superseded:
+                return
+            await self.shared.flush_touches()
+            if time.monotonic() - last_prune > _CHANGE_RETENTION_S / 10:
+                last_prune = time.monotonic()
+                with contextlib.suppress(StoreError):
+                    await self.store.prune_changes(datetime.now(UTC) - timedelta(seconds=_CHANGE_RETENTION_S))
+
+    async def _report_policy(self) -> None:
+        if self.store is not None and self.membership is not None and not self.membership.superseded:
+            await report_policy(
+                self.store, self.membership.credentials(), self.policy.state(), now=datetime.now(UTC)
+            )
+
+    async def fleet_policy(self) -> dict[str, Any]:
+        """For ``/readyz``: the version each live replica runs, the newest, and who is behind."""
+        if self.store is None:
+            return {}
+        try:
+            fleet = await read_fleet_policy(self.store, now=datetime.now(UTC), lease_s=self.options.lease_s)
+        except StoreError as exc:
+            return {"error": exc.message}
+        worker = self.membership.worker if self.membership is not None else None
+        return {**fleet.to_json(), "this_replica_behind": worker in fleet.behind}
+
+    async def follow_policy_reload(self) -> None:
+        """Another replica reloaded its policy: reload this one's file too (not announced again)."""
+        try:
+            await self._reload_policy_file()
+        finally:
+            await self._report_policy()
+
+    async def end_transport_session(self, transport_session: TransportSession, reason: str) -> None:
+        """End a client session at every replica (DELETE, shared idle expiry), then close it here."""
+        if self.shared is not None:
+            shared = self.shared
+            try:
+                await shared.terminate(transport_session, reason)
+            except StoreError as exc:
+                # Owed: the termination is written when the store is back; until then this replica
+                # has forgotten the session, and others still serve it (the client asked to end it).
+                self.health.failed(exc, owed=lambda: shared.terminate(transport_session, reason))
+        await self.close_transport_session(transport_session, reason)
 
     # ------------------------------------------------------------------ policy reload
 
-    async def reload_policy(self) -> dict[str, Any]:
+    async def _reload_policy_file(self) -> dict[str, Any]:
         """Validate the configuration file again and swap it in atomically, or keep the last valid one.
 
         Upstream servers are fixed for the life of the process: a file whose
@@ -665,10 +761,38 @@ class Gateway:
             if candidate.auth != current.auth:
                 # Credentials checked at start (OAuth verifier, admin token) must not half-change.
                 raise ConfigError(f"{current.source}: [auth] changed; restart the gateway to apply it")
+            if {a.name for a in candidate.agents if a.anonymous} != {
+                a.name for a in current.agents if a.anonymous
+            }:
+                # Only `bastion serve` knows the bind, so only a start may admit an anonymous agent.
+                raise ConfigError(
+                    f"{current.source}: the anonymous agent changed; restart the gateway to apply it"
+                )
             return candidate
 
         self.policy.reload(loader, source=current.source)
         return self.policy.state()
+
+    async def reload_policy(self) -> dict[str, Any]:
+        """Reload here (SIGHUP, ``POST /admin/reload``), report it, and announce it to the other replicas.
+
+        Raises :class:`ConfigError` (reported too) when the file cannot be used.
+        """
+        try:
+            state = await self._reload_policy_file()
+        finally:
+            await self._report_policy()
+        if self.store is not None and self.membership is not None and self.membership.worker is not None:
+            try:
+                await self.store.publish_change(
+                    ChangeKind.POLICY_RELOADED,
+                    str(state["policy_version"]),
+                    None,
+                    origin=self.membership.worker,
+                )
+            except StoreError as exc:
+                logger.warning("policy reload not announced to other replicas: %s", exc.message)
+        return state
 
     # ------------------------------------------------------------------ sessions
 
@@ -696,6 +820,16 @@ class Gateway:
             await self._close_evidence(transport_session.evidence, CloseReason(reason))
         logger.info("transport session closed", extra={"reason": reason, "agent": transport_session.agent})
 
+    def pass_on_client_notification(self, transport_session: TransportSession, method: str) -> None:
+        """A session-era client's ``roots/list_changed`` reaches its own upstream sessions, and no other."""
+        if self._task_group is None:
+            return
+        for server in transport_session.upstream_sessions.servers():
+            upstream_session = transport_session.upstream_sessions.get(server)
+            upstream = self.fleet.upstreams.get(server)
+            if upstream is not None and upstream_session is not None:
+                self._task_group.start_soon(upstream.notify_session, upstream_session, method)
+
     async def broadcast_tools_changed(self, namespace: str) -> None:
         """Tell the client sessions that see ``namespace`` (their grants cover one of its tools)."""
         payload = dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
@@ -713,8 +847,14 @@ class Gateway:
     async def _sweep_idle(self) -> None:
         while True:
             await anyio.sleep(_SWEEP_INTERVAL_S)
+            if self.shared is not None:
+                await self.shared.flush_touches()
             for transport_session in self.registry.expired():
-                await self.close_transport_session(transport_session, "idle_expiry")
+                # Idle here; ended everywhere only if no other replica served it within the timeout.
+                if self.shared is not None and await self.shared.idle_everywhere(transport_session):
+                    await self.end_transport_session(transport_session, "idle_expiry")
+                else:
+                    await self.close_transport_session(transport_session, "idle_expiry")
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         upstreams = [
@@ -744,6 +884,7 @@ class Gateway:
             "transport_sessions": len(self.registry),
             "upstreams": upstreams,
             "skipped_tools": list(self.fleet.skipped_tools),
+            "tool_collisions": [c.describe() for c in self.fleet.tool_collisions],
             "store": {
                 "degraded": self.health.degraded,
                 "reason": self.health.degraded_reason,

@@ -77,10 +77,16 @@ def bad_schema(valid: dict[str, Any]) -> str:
     return toml_dumps({**valid, "grants": [*valid["grants"], grant]})
 
 
+def adds_anonymous(valid: dict[str, Any]) -> str:
+    # Only `bastion serve` knows whether the bind is loopback, so a reload may not admit one.
+    return toml_dumps({**valid, "agents": {**valid["agents"], "suite": {"anonymous": True}}})
+
+
 INVALID: list[Any] = [
     pytest.param(syntax_error, "TOML syntax error", id="syntax-error"),
     pytest.param(unknown_server, "unknown server 'nope'", id="unknown-server-in-grant"),
     pytest.param(bad_schema, "is not a valid JSON Schema", id="bad-json-schema"),
+    pytest.param(adds_anonymous, "the anonymous agent changed", id="adds-an-anonymous-agent"),
 ]
 
 

@@ -134,3 +134,23 @@ def test_workers_reads_a_data_dir_and_public_key_prints_the_key(tmp_path: Path) 
     assert workers.returncode == 0, workers.stderr
     assert workers.stdout.split()[0] == "IDENTITY"
     assert key.returncode == 0 and key.stdout.startswith("-----BEGIN PUBLIC KEY-----")
+
+
+def test_serve_refuses_an_anonymous_agent_on_a_non_loopback_bind(tmp_path: Path) -> None:
+    """`bastion serve --host 0.0.0.0` with an anonymous agent exits 2 naming the agent; nothing is served."""
+    config = tmp_path / "anon.toml"
+    config.write_text('[servers.tools]\nurl = "http://127.0.0.1:9/mcp"\n\n[agents.suite]\nanonymous = true\n')
+    result = run(
+        "serve",
+        "--config",
+        str(config),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path / "d"),
+    )
+    assert result.returncode == 2
+    assert "agents.suite" in result.stderr and "loopback" in result.stderr
+    assert "Traceback" not in result.stderr

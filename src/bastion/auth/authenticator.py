@@ -1,6 +1,7 @@
 """Who is calling: every credential kind resolved to one :class:`Principal` (DESIGN section 2 step 2).
 
-Order, first match wins, and a miss at one kind is never a grant at another:
+Order, first match wins, and a miss at one kind is never a grant at another
+(no ``Authorization`` header at all is the configured anonymous agent, if any):
 
 1. a credential in the query string is refused outright (URLs end up in logs);
 2. a bearer token shaped like a JWT goes to the OAuth resource server, when one is configured;
@@ -58,6 +59,12 @@ class Authenticator:
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip()
         if not authorization:
+            # (0) No credential at all: the configured anonymous agent (loopback binds only,
+            # checked by `auth/anonymous.py` at serve), else refused. A wrong credential is
+            # never downgraded to anonymous.
+            anonymous = self._static().anonymous_agent
+            if anonymous is not None:
+                return Principal(agent=anonymous, credential_id=f"anonymous:{anonymous}")
             raise Unauthenticated(cause="missing")
         if scheme.lower() != "bearer" or not token:
             raise Unauthenticated("Unauthorized: use the Bearer scheme", cause="scheme")

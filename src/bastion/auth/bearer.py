@@ -28,7 +28,11 @@ class StaticBearerAuth:
     """Agents known by the SHA-256 of their bearer token."""
 
     def __init__(self, snapshot: Snapshot) -> None:
-        self._by_hash: Mapping[str, AgentId] = {a.token_sha256: a.name for a in snapshot.agents}
+        self._by_hash: Mapping[str, AgentId] = {
+            a.token_sha256: a.name for a in snapshot.agents if a.token_sha256 is not None
+        }
+        # The agent a request without credentials is, if the configuration names one.
+        self.anonymous_agent: AgentId | None = next((a.name for a in snapshot.agents if a.anonymous), None)
 
     def authenticate(self, authorization: str | None, query_string: bytes = b"") -> AgentId:
         """The agent behind this request.

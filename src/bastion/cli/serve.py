@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 
 from bastion.app import create_app
 from bastion.audit.recorder import MIN_MAX_ENTRIES
+from bastion.auth.anonymous import refuse_anonymous_off_loopback
 from bastion.auth.bearer import hash_token
 from bastion.children import guarded_command
 from bastion.errors import ConfigError
@@ -69,6 +70,7 @@ def run_serve(
     try:
         if config is not None:
             snapshot = load_snapshot(config)
+            refuse_anonymous_off_loopback(snapshot, host)
             token_note = None
         else:
             demo_upstream, tools_url = _start_demo_upstream(data_dir)
@@ -77,11 +79,6 @@ def run_serve(
             token_note = data_dir / DEMO_TOKEN_FILE
     except ConfigError as exc:
         print(f"bastion: {exc.message}", file=sys.stderr)
-        _stop(demo_upstream)
-        return 2
-    if not is_loopback(host) and not snapshot.gateway.allowed_hosts:
-        # DNS-rebinding protection has no safe default off loopback: the operator names the hosts.
-        print(f"bastion: --host {host} is not loopback; set gateway.allowed_hosts", file=sys.stderr)
         _stop(demo_upstream)
         return 2
     signal.signal(signal.SIGTERM, _TERMINATION)
@@ -93,6 +90,11 @@ def run_serve(
         _stop(demo_upstream)
         return 2
     logger.info("store", extra={"store": describe_store(store_url, data_dir)})
+    if not is_loopback(host) and not snapshot.gateway.allowed_hosts:
+        # DNS-rebinding protection has no safe default off loopback: the operator names the hosts.
+        print(f"bastion: --host {host} is not loopback; set gateway.allowed_hosts", file=sys.stderr)
+        _stop(demo_upstream)
+        return 2
     try:
         options = RuntimeOptions(
             data_dir=data_dir,

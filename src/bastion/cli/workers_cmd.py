@@ -6,8 +6,10 @@ credential from ``--admin-token-file``), or the store file directly
 recorded at registration, or ``--lease-s`` when given).
 Columns: identity, role, generation, epoch, liveness, heartbeat age, launch
 provenance, owning sessions (from live attachment records only; ``unproven``
-when none) and cohort. ``--json`` prints the API's JSON. Exit status: 0 done,
-1 refused or unreachable, 2 unusable arguments or files.
+when none), cohort, and the policy version a gateway runs (``behind`` when it
+is not the newest a live replica applied, or its last reload failed).
+``--json`` prints the API's JSON. Exit status: 0 done, 1 refused or
+unreachable, 2 unusable arguments or files.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ COLUMNS = (
     "provenance",
     "owning_sessions",
     "cohort",
+    "policy",
 )
 _PROVENANCE_KEYS = ("started_by", "server", "pid", "host", "config_version", "supersedes")
 _DEFAULT_LEASE_S = 10.0  # RuntimeOptions.lease_s
@@ -190,7 +193,16 @@ def row_of(worker: dict[str, Any]) -> dict[str, str]:
         "provenance": launched or "unproven",
         "owning_sessions": owners if isinstance(owners, str) else ",".join(owners or []) or "unproven",
         "cohort": cohort,
+        "policy": _policy_cell(worker),
     }
+
+
+def _policy_cell(worker: dict[str, Any]) -> str:
+    """A gateway's reported snapshot version, marked ``behind`` when it is not the fleet's newest (#10)."""
+    version = worker.get("policy_version")
+    if version is None:
+        return "-"
+    return f"{version} behind" if worker.get("policy_behind") else str(version)
 
 
 def _print_table(workers: list[dict[str, Any]], out: TextIO) -> None:

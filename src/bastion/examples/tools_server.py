@@ -40,7 +40,7 @@ from starlette.applications import Starlette
 from bastion.examples.common_tools import READ_ONLY, add_common_tools
 from bastion.examples.counter import FileCounter
 
-__all__ = ["build_app", "build_server", "main"]
+__all__ = ["build_app", "build_server", "main", "serve_announced"]
 
 MCP_PATH = "/mcp"
 _READY_POLL_S = 0.01
@@ -84,19 +84,24 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    app = build_app(
+        build_server(FileCounter.from_environment()), host=args.host, json_response=args.json_response
+    )
+    await serve_announced(app, host=args.host, port=args.port)
+
+
+async def serve_announced(app: Starlette, *, host: str, port: int) -> None:
+    """Serve ``app`` at ``host:port`` (0 picks one) and print ``LISTENING <url>`` once ready."""
     # Bind before uvicorn starts so port 0 resolves to a real port we can announce. The explicit
     # IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
     # accepted sockets copy the listener's; with proto 0 every keep-alive answer waits ~40 ms
     # for a delayed ACK (Nagle).
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((args.host, args.port))
+    listener.bind((host, port))
     port = listener.getsockname()[1]
 
-    app = build_app(
-        build_server(FileCounter.from_environment()), host=args.host, json_response=args.json_response
-    )
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -121,7 +126,7 @@ async def _serve(args: argparse.Namespace) -> None:
             if finished.is_set():
                 return
             await anyio.sleep(_READY_POLL_S)
-        shown_host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
+        shown_host = f"[{host}]" if family == socket.AF_INET6 else host
         sys.stdout.write(f"LISTENING http://{shown_host}:{port}{MCP_PATH}\n")
         sys.stdout.flush()
 

@@ -93,8 +93,8 @@ _GATEWAY_KEYS = frozenset(
 )
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd"})
-_SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s"}
-_AGENT_KEYS = frozenset({"token_sha256"})
+_SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s", "transparent"}
+_AGENT_KEYS = frozenset({"token_sha256", "anonymous"})
 _SUBJECT_KEYS = frozenset(kind.value for kind in SubjectKind)
 _GRANT_KEYS = _SUBJECT_KEYS | {
     "name",
@@ -347,6 +347,9 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
         raise ctx.error(key, "missing key: a server needs url (http) or command (stdio)")
     namespace = ctx.string(table["namespace"], f"{key}.namespace") if "namespace" in table else name
     timeout_s = ctx.number(table["timeout_s"], f"{key}.timeout_s") if "timeout_s" in table else None
+    transparent = table.get("transparent", False)
+    if not isinstance(transparent, bool):
+        raise ctx.error(f"{key}.transparent", "must be true or false")
     if has_url:
         stray = [other for other in sorted(_STDIO_KEYS) if other in table]
         if stray:
@@ -366,6 +369,7 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
             headers=headers,
             era=era,
             timeout_s=timeout_s,
+            transparent=transparent,
         )
     stray = [other for other in sorted(_HTTP_KEYS) if other in table]
     if stray:
@@ -386,6 +390,7 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
         env=env,
         cwd=cwd,
         timeout_s=timeout_s,
+        transparent=transparent,
     )
 
 
@@ -435,6 +440,14 @@ def _read_agents(ctx: _Context, value: Any) -> list[AgentSpec]:
         key = _key_path("agents", name)
         agent = ctx.table(agent_value, key)
         ctx.refuse_unknown(agent, _AGENT_KEYS, key)
+        anonymous = agent.get("anonymous", False)
+        if not isinstance(anonymous, bool):
+            raise ctx.error(f"{key}.anonymous", "must be true or false")
+        if anonymous:
+            if "token_sha256" in agent:
+                raise ctx.error(f"{key}.token_sha256", "an anonymous agent has no token")
+            agents.append(ctx.build(AgentSpec, name=AgentId(name), anonymous=True))
+            continue
         if "token_sha256" not in agent:
             raise ctx.error(f"{key}.token_sha256", "missing key: the SHA-256 of the agent's bearer token")
         token_sha256 = ctx.string(agent["token_sha256"], f"{key}.token_sha256")

@@ -103,6 +103,9 @@ class ServerSpec:
     env: Mapping[str, str] = field(default_factory=lambda: _frozen_map(None))
     cwd: str | None = None
     timeout_s: float | None = None
+    # Transparent mode (issue 9 point 3): tools appear under their own names, no namespace
+    # prefix; the namespace still names the server for grants and attachment.
+    transparent: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "headers", _frozen_map(self.headers))
@@ -122,13 +125,24 @@ class ServerSpec:
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """An agent allowed to connect with a static bearer token, known only by its SHA-256."""
+    """An agent allowed to connect with a static bearer token, known only by its SHA-256.
+
+    ``anonymous`` instead names the agent that a request with no ``Authorization`` header is,
+    for clients that cannot send one (the conformance suite, a local inspector). It has no
+    token; ``bastion serve`` refuses it on a non-loopback bind (``auth/anonymous.py``), and it
+    is audited and granted like any other agent.
+    """
 
     name: AgentId
-    token_sha256: str
+    token_sha256: str | None = None
+    anonymous: bool = False
 
     def __post_init__(self) -> None:
-        if not _SHA256_HEX.match(self.token_sha256):
+        if self.anonymous:
+            if self.token_sha256 is not None:
+                raise ConfigError(f"agents.{self.name}: an anonymous agent has no token_sha256")
+            return
+        if self.token_sha256 is None or not _SHA256_HEX.match(self.token_sha256):
             raise ConfigError(f"agents.{self.name}.token_sha256 must be 64 lowercase hex characters")
 
 
@@ -200,9 +214,17 @@ class Snapshot:
                     f"is already used by servers.{seen[spec.namespace]}"
                 )
             seen[spec.namespace] = spec.name
-        hashes = [a.token_sha256 for a in self.agents]
+        transparent = [spec.name for spec in self.servers.values() if spec.transparent]
+        if len(transparent) > 1:
+            raise ConfigError(
+                f"servers: only one server may be transparent (unprefixed names would collide): "
+                f"{', '.join(sorted(transparent))}"
+            )
+        hashes = [a.token_sha256 for a in self.agents if not a.anonymous]
         if len(set(hashes)) != len(hashes):
             raise ConfigError("agents: two agents share one token")
+        if len([a for a in self.agents if a.anonymous]) > 1:
+            raise ConfigError("agents: at most one agent may be anonymous")
         self.credential_roles()
         self._check_grants()
 
@@ -215,7 +237,7 @@ class Snapshot:
                 administer the gateway or read every agent's evidence (issue #12).
         """
         roles: dict[str, str] = {}
-        named = [(f"agents.{a.name}.token_sha256", a.token_sha256) for a in self.agents]
+        named = [(f"agents.{a.name}.token_sha256", a.token_sha256) for a in self.agents if a.token_sha256]
         if self.auth.admin_token_sha256 is not None:
             named.append(("auth.admin_token_sha256", self.auth.admin_token_sha256))
         named += [

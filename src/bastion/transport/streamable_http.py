@@ -26,7 +26,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, classify_inbound_request
@@ -62,6 +62,7 @@ from bastion.transport.channel import ResponseChannel
 from bastion.transport.jsonrpc import (
     Notification,
     Request,
+    RequestId,
     Response,
     decode_body,
     error_message,
@@ -81,11 +82,22 @@ from bastion.versions import (
     SUPPORTED_VERSIONS,
 )
 
-__all__ = ["FrontDoor"]
+__all__ = ["FrontDoor", "ReplicaSessions"]
 
 logger = logging.getLogger(__name__)
 
 SessionClosed = Callable[[TransportSession, str], Awaitable[None]]
+
+
+class ReplicaSessions(Protocol):
+    """How the front door reaches sessions and requests held at other replicas (issue #10)."""
+
+    async def record_opened(self, transport_session: TransportSession) -> None: ...
+    async def load(self, session_id: str, principal: Principal) -> TransportSession: ...
+    async def forward_cancel(self, transport_session: TransportSession, request_id: RequestId) -> None: ...
+    async def forward_reply(
+        self, transport_session: TransportSession, relay_id: str, reply: dict[str, Any]
+    ) -> None: ...
 
 
 class FrontDoor:
@@ -106,9 +118,13 @@ class FrontDoor:
         audit_isolation: Callable[[AgentId, str, str], Awaitable[None]],
         serving: Callable[[], None],
         track_sessionless: Callable[[Principal, anyio.CancelScope], contextlib.AbstractContextManager[None]],
+        replicas: ReplicaSessions | None = None,
         cut_cause: Callable[[Principal], BastionError | None] = lambda principal: None,
+        client_notified: Callable[[TransportSession, str], None] | None = None,
     ) -> None:
+        self._replicas = replicas
         self._cut_cause = cut_cause
+        self._client_notified = client_notified
         self._track_sessionless = track_sessionless
         self._snapshot = snapshot
         self._authenticate = authenticate
@@ -211,16 +227,18 @@ class FrontDoor:
         if version_header is not None and version_header != transport_session.protocol_version:
             raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
         if isinstance(message, Notification):
-            self._on_notification(transport_session, message)
+            await self._on_notification(transport_session, message)
             await accepted(send)
             return
         if isinstance(message, Response):
+            reply = {"result": message.result} if message.error is None else {"error": message.error}
             pending = transport_session.client_requests.get(str(message.id))
             if pending is not None:
-                pending.reply = (
-                    {"result": message.result} if message.error is None else {"error": message.error}
-                )
+                pending.reply = reply
                 pending.done.set()
+            elif self._replicas is not None and str(message.id).startswith("bastion-r"):
+                # Relayed by another replica serving this session: its answer goes there.
+                await self._replicas.forward_reply(transport_session, str(message.id), reply)
             await accepted(send)
             return
         if message.id in transport_session.in_flight:
@@ -289,6 +307,9 @@ class FrontDoor:
             transport_session=None,
             relay=None,
             evidence=evidence,
+            param_headers=Headers(
+                raw=[(k, v) for k, v in headers.raw if k.lower().startswith(b"mcp-param-")]
+            ),
         )
         try:
             # The request's evidence session closes, its claim issued, before the answer goes out:
@@ -395,12 +416,19 @@ class FrontDoor:
             result = for_sessionless_wire(request.method, result)
         return result_message(request.id, result), 200
 
-    def _on_notification(self, transport_session: TransportSession, message: Notification) -> None:
+    async def _on_notification(self, transport_session: TransportSession, message: Notification) -> None:
         if message.method == "notifications/cancelled":
             request_id = message.params.get("requestId")
-            call = transport_session.in_flight.get(request_id) if isinstance(request_id, str | int) else None
+            if not isinstance(request_id, str | int):
+                return
+            call = transport_session.in_flight.get(request_id)
             if call is not None and call.method != "initialize":
                 call.cancel_scope.cancel()
+            elif call is None and self._replicas is not None:
+                # The request may be in flight at another replica serving this session.
+                await self._replicas.forward_cancel(transport_session, request_id)
+        elif message.method == "notifications/roots/list_changed" and self._client_notified is not None:
+            self._client_notified(transport_session, message.method)
 
     # ------------------------------------------------------------------ session era
 
@@ -409,7 +437,13 @@ class FrontDoor:
         if not session_id:
             raise SessionIdMissing()
         try:
-            return self._registry.get(session_id, principal)
+            try:
+                return self._registry.get(session_id, principal)
+            except SessionNotFound as exc:
+                if exc.cause != "unknown" or self._replicas is None:
+                    raise
+                # Not held here: opened at (or served by) another replica; the store decides (#10).
+                return await self._replicas.load(session_id, principal)
         except SessionNotFound as exc:
             # Unknown, expired, terminated or another principal's: one answer after the same work
             # (one audit entry naming the cause), so neither body nor timing tells them apart (#12).
@@ -439,6 +473,9 @@ class FrontDoor:
         transport_session = self._registry.create(
             principal, negotiated, capabilities, client_info, self._evidence_for(principal.agent)
         )
+        if self._replicas is not None:
+            # Durable before the client learns the id, so any replica can serve it (raises if not).
+            await self._replicas.record_opened(transport_session)
         result = {
             "protocolVersion": negotiated,
             "capabilities": SERVER_CAPABILITIES,

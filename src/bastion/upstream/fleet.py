@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -21,32 +20,17 @@ import anyio.abc
 import httpx2 as httpx
 
 from bastion.background import BackgroundTasks
-from bastion.errors import UpstreamError
+from bastion.errors import ConfigError, UpstreamError
 from bastion.policy.snapshot import TOOL_NAME_RULE, ServerSpec, Snapshot, UpstreamKind
 from bastion.upstream.base import Upstream, UpstreamHealth, UpstreamReplied
+from bastion.upstream.catalog import Collision, ToolEntry, all_collisions, exposed_name, merge_catalog
 from bastion.upstream.health import HealthSchedule, UpstreamProber
 from bastion.upstream.stdio import StdioUpstream
 from bastion.upstream.streamable_http import HttpUpstream
 
-__all__ = ["ToolEntry", "UpstreamFleet"]
+__all__ = ["ToolEntry", "UpstreamFleet"]  # ToolEntry lives in upstream/catalog.py
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ToolEntry:
-    """One tool of the surface: where it routes, and how it is shown."""
-
-    exposed_name: str
-    server: str
-    namespace: str
-    upstream_name: str
-    definition: Mapping[str, Any]
-
-    @property
-    def read_only(self) -> bool:
-        annotations = self.definition.get("annotations")
-        return isinstance(annotations, dict) and annotations.get("readOnlyHint") is True
 
 
 NamespaceChanged = Callable[[str], Awaitable[None]]
@@ -79,6 +63,9 @@ class UpstreamFleet:
         self._tools_by_server: dict[str, list[ToolEntry]] = {name: [] for name in self.upstreams}
         self._catalog: Mapping[str, ToolEntry] = MappingProxyType({})
         self.skipped_tools: list[str] = []
+        self._skipped_by_server: dict[str, list[str]] = {}
+        # Tools left out because another server holds their exposed name (never shadowed).
+        self.tool_collisions: list[Collision] = []
         self._refresh_lock = anyio.Lock()
         self._background = BackgroundTasks()
         # Active health for HTTP upstreams (issue #11): stdio processes are supervised instead.
@@ -103,6 +90,11 @@ class UpstreamFleet:
         async with anyio.create_task_group() as tg:
             for name in self.upstreams:
                 tg.start_soon(self.refresh_server, name)
+        # Refused at load: two servers that expose one name at start (see upstream/catalog.py).
+        collisions = all_collisions(self._tools_by_server)
+        if collisions:
+            named = "; ".join(f"{c.name!r} from {c.holder} and {c.refused}" for c in collisions)
+            raise ConfigError(f"servers: tool names collide: {named}")
         for prober in self.probers.values():
             self._background.start_soon(task_group, prober.run)
 
@@ -138,7 +130,12 @@ class UpstreamFleet:
             upstream_name = tool.get("name")
             if not isinstance(upstream_name, str):
                 continue
-            exposed = f"{upstream.namespace}{self._separator}{upstream_name}"
+            exposed = exposed_name(
+                upstream.namespace,
+                self._separator,
+                upstream_name,
+                transparent=self._snapshot.servers[name].transparent,
+            )
             if not TOOL_NAME_RULE.match(exposed):
                 skipped.append(exposed)
                 continue
@@ -155,14 +152,14 @@ class UpstreamFleet:
             logger.warning("upstream %s: tools left out, names break the client rule: %s", name, skipped)
         async with self._refresh_lock:
             self._tools_by_server[name] = entries
-            merged: dict[str, ToolEntry] = {}
-            for server_entries in self._tools_by_server.values():
-                for entry in server_entries:
-                    merged[entry.exposed_name] = entry
+            merged, self.tool_collisions = merge_catalog(self._tools_by_server, self._catalog)
+            if self.tool_collisions:
+                logger.warning("tool names collide, the newcomers are left out: %s", self.tool_collisions)
             self._catalog = MappingProxyType(merged)
-            self.skipped_tools = [
-                s for s in self.skipped_tools if not s.startswith(upstream.namespace)
-            ] + skipped
+            # Per server: a prefix test would mix up namespaces `notes` and `notes_`, and a
+            # transparent server's names have no prefix at all.
+            self._skipped_by_server[name] = skipped
+            self.skipped_tools = [tool for tools in self._skipped_by_server.values() for tool in tools]
 
     async def _list_changed(self, server: str) -> None:
         await self.refresh_server(server)

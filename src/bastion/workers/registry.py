@@ -30,6 +30,7 @@ from typing import Any
 
 from bastion.errors import Conflict
 from bastion.ids import Epoch, WorkerId
+from bastion.propagation.policy_status import fleet_policy
 from bastion.store.base import AttachmentRecord, GenerationRecord, Store, WorkerRecord
 from bastion.workers.identity import WORKER_ID_RULE, mint_worker_id
 from bastion.workers.liveness import Liveness, PidAlive, liveness_of
@@ -124,6 +125,9 @@ class WorkerView:
     missing_evidence: tuple[str, ...]
     withdraw_reason: str | None
     failure_reason: str | None
+    # Gateways only (#10): the policy snapshot it reported, and whether it is behind the fleet's newest.
+    policy_version: str | None = None
+    policy_behind: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -145,6 +149,8 @@ class WorkerView:
             "missing_identity_evidence": list(self.missing_evidence),
             "withdraw_reason": self.withdraw_reason,
             "failure_reason": self.failure_reason,
+            "policy_version": self.policy_version,
+            "policy_behind": self.policy_behind,
         }
 
 
@@ -213,6 +219,9 @@ async def describe_workers(
     live = {worker_id: verdict is Liveness.LIVE for worker_id, verdict in verdicts.items()}
     generation_of = {w.worker_id: w.generation for w in workers}
     cohort_live = Counter(cohort_of(w) for w in workers if live[w.worker_id])
+    policy = fleet_policy(
+        await store.list_policy_reports(), [w.worker_id for w in workers if live[w.worker_id]]
+    )
     views = []
     for worker in workers:
         held = holders.get(worker.generation) if worker.generation is not None else None
@@ -238,6 +247,8 @@ async def describe_workers(
                 missing_evidence=missing,
                 withdraw_reason=worker.withdraw_reason,
                 failure_reason=worker.failure_reason,
+                policy_version=policy.version_of(worker.worker_id),
+                policy_behind=worker.worker_id in policy.behind,
             )
         )
     return views

@@ -1,0 +1,78 @@
+"""Resuming an upstream SSE stream that ends or drops before its answer (issue 8 point 7, upstream side).
+
+Owns: reading the JSON-RPC messages of one upstream response stream and, when that stream
+ends or breaks before the caller has what it waits for, reconnecting with ``GET`` and
+``Last-Event-ID`` (2025-11-25 Streamable HTTP, "Resumability and Redelivery") so the
+upstream replays what was missed and carries on. The caller stops reading once it has its
+answer; this module never decides what an answer is.
+
+Rules:
+
+1. only where resuming is possible: the stream gave an event id (an upstream without an
+   event store gives none) and the caller supplies a ``reconnect`` (a session-era upstream
+   session; the sessionless era has no GET);
+2. wait the upstream's ``retry:`` hint (bounded) before reconnecting;
+3. give up after ``max_quiet`` reconnections in a row that brought no event, or when the
+   upstream refuses the GET: the stream simply ends, and the caller's "closed without a
+   result" (``outcome_unknown``) stands, as without resumption.
+
+Never resends the request itself: a resumed stream can only replay, never act twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import anyio
+import httpx2 as httpx
+
+from bastion.upstream.sse import SseCursor, iter_sse_messages
+
+__all__ = ["Reconnect", "messages_resuming"]
+
+# GET <url> with this Last-Event-ID, as an open streamed response.
+Reconnect = Callable[[str], AbstractAsyncContextManager[httpx.Response]]
+
+_DEFAULT_RETRY_S = 0.5
+_MAX_RETRY_S = 5.0
+
+
+async def messages_resuming(
+    response: httpx.Response, reconnect: Reconnect | None, *, max_quiet: int = 3
+) -> AsyncGenerator[dict[str, Any], None]:
+    """The messages of ``response``, then of each resumed stream, until one ends for good.
+
+    Raises:
+        UpstreamProtocolError: an event whose data is not a JSON object.
+        httpx.HTTPError: the stream broke and cannot be resumed (no id, no ``reconnect``).
+    """
+    cursor = SseCursor()
+    quiet = 0
+    async with contextlib.AsyncExitStack() as streams:
+        source = response
+        while True:
+            seen = cursor.events
+            try:
+                async for message in iter_sse_messages(source.aiter_bytes(), cursor):
+                    yield message
+            except (httpx.TransportError, httpx.StreamError):
+                # (1) A broken stream is resumable only under the same conditions as an ended one.
+                if reconnect is None or not cursor.last_event_id:
+                    raise
+            if reconnect is None or not cursor.last_event_id:
+                return
+            # (3) Reconnections that bring nothing are bounded.
+            quiet = 0 if cursor.events > seen else quiet + 1
+            if quiet > max_quiet:
+                return
+            # (2) The upstream's pace, within bounds.
+            hint = cursor.retry_ms / 1000 if cursor.retry_ms is not None else _DEFAULT_RETRY_S
+            await anyio.sleep(min(hint, _MAX_RETRY_S))
+            await streams.aclose()
+            source = await streams.enter_async_context(reconnect(cursor.last_event_id))
+            content_type = source.headers.get("content-type", "")
+            if source.status_code != 200 or not content_type.startswith("text/event-stream"):
+                return

@@ -1,0 +1,26 @@
+"""The conformance gate (tests/conformance/run.py): through passes no fewer checks than direct."""
+
+from __future__ import annotations
+
+from tests.conformance.run import excepted, gate, shortfalls
+
+
+def test_shortfalls_count_missing_passes_on_gated_scenarios_only() -> None:
+    """A scenario where Bastion passes fewer checks is a shortfall; excepted ones and extra passes are not."""
+    direct = {"tools-list": (3, 0), "resources-list": (1, 0), "ping": (1, 0), "tasks-lifecycle": (2, 7)}
+    through = {"tools-list": (1, 2), "resources-list": (0, 1), "ping": (1, 0), "tasks-lifecycle": (3, 6)}
+    assert shortfalls(direct, through) == {"tools-list": 2}
+    assert excepted("resources-list") and excepted("prompts-get-simple") and excepted("completion-complete")
+    assert not excepted("tools-call-sampling")
+
+
+def test_a_shortfall_above_the_baseline_fails_and_one_below_asks_to_tighten() -> None:
+    """The baseline may only shrink: more missing than recorded fails; fewer is reported as TIGHTEN."""
+    baseline = {"run [v]": {"tools-list": 2, "ping": 1}}
+    failures, tighten = gate({"run [v]": {"tools-list": 3}}, baseline)
+    assert len(failures) == 1 and "tools-list" in failures[0]
+    assert tighten == ["TIGHTEN run [v] / ping: baseline allows 1, now 0"]
+    assert gate({"run [v]": {"new-scenario": 1}}, {}) == (
+        ["run [v] / new-scenario: Bastion passes 1 fewer checks than direct (baseline allows 0)"],
+        [],
+    )
