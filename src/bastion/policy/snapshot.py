@@ -62,8 +62,18 @@ class GatewaySettings:
     max_transport_sessions: int = 100_000
     # Each agent's share, so that one agent cannot lock every other agent out (issue #12).
     max_transport_sessions_per_agent: int = 10_000
+    # Session-era SSE resumption (session/replay.py): per stream, events and bytes kept for
+    # Last-Event-ID; per session, response streams kept (the oldest finished ones go first).
+    sse_replay_events: int = 128
+    sse_replay_bytes: int = 65_536
+    sse_replay_streams: int = 8
 
     def __post_init__(self) -> None:
+        if self.sse_replay_events < 1 or self.sse_replay_streams < 1 or self.sse_replay_bytes < 1024:
+            raise ConfigError(
+                "gateway.sse_replay_events and sse_replay_streams must be at least 1, "
+                "sse_replay_bytes at least 1024"
+            )
         if not self.tool_separator or not TOOL_NAME_RULE.match(self.tool_separator):
             raise ConfigError("gateway.tool_separator must match ^[a-zA-Z0-9_-]{1,64}$")
         if self.max_body_bytes < 1024:
