@@ -326,7 +326,7 @@ async def test_a_stalled_replicas_late_write_is_refused(
                 stalled.signal(signal.SIGCONT)
         [late] = answers
         assert not isinstance(late, str), late
-        assert reason_of(answer_of(late, 9)) == "not_durable"
+        assert reason_of(answer_of(late, 9)) == "stale_epoch"  # refused: a newer epoch holds the slot
         assert _execution(fleet, "stop-cont") == settled  # untouched by the late write
         with anyio.fail_after(WAIT_S):
             await stalled.logged("this worker was superseded; it stops serving")
