@@ -20,6 +20,7 @@ import anyio
 import anyio.to_thread
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
@@ -29,10 +30,11 @@ from bastion.admin.api import AdminGate, admin_routes
 from bastion.audit.read_paths import EvidenceReadPaths
 from bastion.auth.oauth import protected_resource_metadata
 from bastion.auth.principal import Principal
-from bastion.errors import ConfigError
+from bastion.errors import BastionError, ConfigError
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.metrics import GatewayMetrics
 from bastion.policy.snapshot import Snapshot
+from bastion.start_refusal import StartRefusal, start_refusal_line
 from bastion.store.base import Store
 from bastion.transport.streamable_http import FrontDoor
 
@@ -62,6 +64,7 @@ def create_app(
         if gateway is None:
             return JSONResponse({"ready": False, "detail": "starting"}, status_code=503)
         ready, detail = gateway.readiness()
+        detail["policy_fleet"] = await gateway.fleet_policy()  # issue #10: who runs which snapshot
         return JSONResponse(detail, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
@@ -119,7 +122,13 @@ def create_app(
         state["gateway"] = app.state.gateway = gateway
         async with anyio.create_task_group() as tg:
             try:
-                await gateway.start(tg)
+                try:
+                    await gateway.start(tg)
+                except (BastionError, OSError) as exc:
+                    # A refused start (held generation, unusable store or data directory) is one line,
+                    # not a traceback: see StartRefusal and `bastion serve` (issue #11).
+                    app.state.start_refusal = state["start_refusal"] = start_refusal_line(exc)
+                    raise
                 assert gateway.router is not None
                 state["front"] = FrontDoor(
                     snapshot=gateway.snapshot,
@@ -127,14 +136,16 @@ def create_app(
                     challenge=gateway.challenge,
                     registry=gateway.registry,
                     router=gateway.router,
-                    close_session=gateway.close_transport_session,
+                    close_session=gateway.end_transport_session,
                     evidence_for=gateway.evidence_for,
                     request_evidence_for=gateway.request_evidence_for,
                     end_request_evidence=gateway.end_request_evidence,
                     audit_isolation=gateway.audit_isolation,
                     serving=gateway.serving,
                     track_sessionless=gateway.sessionless_call,
+                    client_notified=gateway.pass_on_client_notification,
                     cut_cause=gateway.cut_cause,
+                    replicas=gateway.shared,
                 )
                 state["admin"] = _admin_router(gateway)
                 yield
@@ -143,6 +154,7 @@ def create_app(
                 tg.cancel_scope.cancel()
 
     return Starlette(
+        middleware=[Middleware(StartRefusal, refusal=lambda: state.get("start_refusal"))],
         routes=[
             Route("/healthz", healthz),
             Route("/readyz", readyz),

@@ -17,14 +17,17 @@ and the audit entry owed is written once storage returns.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from mcp_types import LOG_LEVEL_META_KEY
 
 from bastion.admission.binding import compute_binding
+from bastion.admission.continuation import InputContinuations
 from bastion.admission.envelope import CmcpEnvelope, read_envelope
 from bastion.admission.states import ExecutionState
 from bastion.audit.earlier import name_earlier_attempt
@@ -38,6 +41,7 @@ from bastion.errors import (
     ExecutionInFlight,
     ExecutionReplay,
     GrantDenied,
+    HeaderMismatch,
     InvalidParams,
     NotDurable,
     StaleEpoch,
@@ -46,7 +50,8 @@ from bastion.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from bastion.ids import CallId, new_call_id
+from bastion.ids import CallId, Epoch, WorkerId, new_call_id
+from bastion.param_headers import check_param_headers
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.grants import Rate
 from bastion.policy.shared_limits import StoreRateLimiter
@@ -56,12 +61,16 @@ from bastion.store.base import Store
 from bastion.store.health import StoreHealth
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
-from bastion.workers.attachment import AttachmentTracker, transport_session_ref
+from bastion.workers.attachment import AttachmentTracker, sessionless_ref, transport_session_ref
+from bastion.workers.late_write import LateWrite
 from bastion.workers.membership import WorkerMembership
 
 __all__ = ["RECEIPT_META_KEY", "ToolCallPath", "strip_reserved_meta"]
 
+logger = logging.getLogger(__name__)
+
 RECEIPT_META_KEY = "io.bastion/receipt"
+_LATE_WRITE_REPORT_S = 10.0  # bound on recording what a superseded worker observed
 _RESERVED_META_PREFIX = "io.modelcontextprotocol/"
 
 
@@ -120,7 +129,9 @@ class ToolCallPath:
         attachments: AttachmentTracker,
         monotonic: Callable[[], float] = time.monotonic,
         shared_limits: StoreRateLimiter | None = None,
+        on_late_write: Callable[[LateWrite], Awaitable[object]] | None = None,
     ) -> None:
+        self._on_late_write = on_late_write
         self._attachments = attachments
         self._limiter = limiter
         # Rate-limit tokens from the store (shared by replicas) instead of ``limiter``, when given.
@@ -131,6 +142,7 @@ class ToolCallPath:
         self._store = store
         self._membership = membership
         self._health = health
+        self._continuations = InputContinuations()
 
     async def call_tool(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         """Decide, admit, relay and record one tool call; returns the upstream's result with a receipt.
@@ -147,11 +159,18 @@ class ToolCallPath:
         scope = caller.evidence
         try:
             return await self._run_charged(caller, params, snapshot, attempt, scope)
-        except StaleEpoch:
-            # A newer epoch holds this worker's generation: it stops serving from now on.
-            self._membership.superseded = True
-            raise
-        except (CallRefused, InvalidParams) as exc:
+        except StaleEpoch as exc:
+            # A newer epoch holds this worker's generation: it stops serving from now on, and the
+            # caller hears that (not a storage failure): issue #11 point 5.
+            self._membership.mark_superseded("a write was refused")
+            data = {k: v for k, v in exc.data.items() if k != "audited"}
+            raise StaleEpoch(
+                "This gateway worker was superseded by a newer epoch; its write was refused. "
+                "The execution's outcome is the one its recovery recorded.",
+                **data,
+                receipt=self._receipt(scope, attempt),
+            ) from exc
+        except (CallRefused, InvalidParams, HeaderMismatch) as exc:
             if not exc.data.get("audited"):
                 await self._audit_refusal(scope, attempt, exc)
             exc.data.pop("audited", None)
@@ -239,6 +258,9 @@ class ToolCallPath:
                 policy_version=snapshot.version,
             )
         attempt.charged = decision.limits
+        if caller.param_headers is not None:
+            # After the grant decision: a tool the caller may not see stays unknown to it.
+            check_param_headers(entry.definition, arguments, caller.param_headers)
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
         attempt.args_digest = digest_json(arguments)
@@ -257,7 +279,14 @@ class ToolCallPath:
             raise
         execution_id = attempt.envelope.execution_id
         worker, epoch = self._membership.credentials()
-        if execution_id is not None:
+        # The next round of an execution that asked its client for input is that execution
+        # continuing (its row stayed invoking), not a replay: admission/continuation.py.
+        continuation = (
+            self._continuations.take(caller.agent, execution_id, attempt.binding, params)
+            if execution_id is not None
+            else None
+        )
+        if execution_id is not None and continuation is None:
             try:
                 await self._store.reserve_execution(
                     caller.agent,
@@ -292,7 +321,7 @@ class ToolCallPath:
         # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
         upstream = self._fleet.upstreams[entry.server]
         self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
-        if execution_id is not None:
+        if execution_id is not None and continuation is None:
             if not upstream.health().connected:
                 await self._release(caller, attempt, scope)
                 raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
@@ -337,8 +366,9 @@ class ToolCallPath:
                 if caller.transport_session
                 else None,
                 timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
-                log_level=caller.log_level,
+                log_level=caller.log_level or _requested_log_level(params),
                 client_answers_requests=caller.transport_session is not None,
+                owner=caller.agent,
             )
             return await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
 
@@ -347,11 +377,19 @@ class ToolCallPath:
         ) -> None:
             await self._finish(caller, attempt, scope, state, reason=reason, result_digest=result_digest)
 
+        async def await_input(result: dict[str, Any]) -> None:
+            # Not an outcome: the client is asked for input and comes back with the same call.
+            if execution_id is not None and attempt.binding is not None:
+                self._continuations.expect(
+                    caller.agent, execution_id, attempt.binding, result.get("requestState")
+                )
+            await self._record(scope, attempt, AuditEvent.INPUT_REQUIRED, reason="input_required")
+
         # (8) Outcome: from here every way out (result, error, cancellation, garbage) records a
         #     durable terminal state, then its audit entry, then answers (settle.py).
         attempt.sent = True
         try:
-            result = await send_and_settle(send, finish)
+            result = await send_and_settle(send, finish, on_input_required=await_input)
         except UpstreamReplied as exc:
             raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
         meta = dict(result.get("_meta") or {})
@@ -377,6 +415,15 @@ class ToolCallPath:
                 await self._store.record_outcome(
                     caller.agent, execution_id, state, worker=worker, epoch=epoch
                 )
+            except StaleEpoch as exc:
+                # Superseded: recovery owns this execution. What this worker saw is not lost: it is
+                # recorded by a fresh, current writer (workers/late_write.py). Entries queued under
+                # the stale epoch could never be written; the report replaces them.
+                attempt.pending = []
+                await self._report_late_write(caller, attempt, scope, state, worker, epoch)
+                raise StaleEpoch(
+                    exc.message, observed_outcome=state.value, execution_id=execution_id
+                ) from exc
             except StoreError as exc:
                 # Not durable: the row stays invoking (refused forever), never terminal by guess.
                 owed = [
@@ -417,13 +464,14 @@ class ToolCallPath:
             ref = transport_session_ref(transport_session.id)
             listed = transport_session.surface_namespaces
         else:
-            ref = "sessionless"
+            ref = sessionless_ref(caller.agent, caller.principal.agent_session_id)
             listed = None
         if listed is None:
             # Never listed (or sessionless): the surface is what this principal's tools/list would show.
             visible = visible_tools(snapshot, caller.principal, self._fleet.catalog.values())
             listed = frozenset(entry.namespace for entry in visible)
-            self._attachments.surface_listed(ref, listed)
+            owner = caller.principal if transport_session is None else None
+            self._attachments.surface_listed(ref, listed, owner=owner)
         self._attachments.check(ref, required, tool_read_only=False)
 
     def _queue(self, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
@@ -456,6 +504,8 @@ class ToolCallPath:
         attempt.pending = []
         try:
             entries = await scope.record_many(batch, durable=durable, then=then)
+        except StaleEpoch:
+            raise  # superseded, not a storage failure: nothing is owed under a stale epoch
         except StoreError as exc:
             self._health.failed(exc, owed=scope.owe(batch))
             raise NotDurable("The audit entry could not be made durable") from exc
@@ -501,6 +551,36 @@ class ToolCallPath:
             return None
         return scope.owe([*attempt.pending, self._refusal(attempt, exc)])
 
+    async def _report_late_write(
+        self,
+        caller: Caller,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+        state: ExecutionState,
+        worker: WorkerId,
+        epoch: Epoch,
+    ) -> None:
+        """Hand what this superseded worker observed to the late-write report; never raises."""
+        if self._on_late_write is None:
+            return
+        fields = {k: v for k, v in attempt.fields().items() if k not in ("call_id", "execution_id")}
+        late = LateWrite(
+            agent=caller.agent,
+            call_id=attempt.call_id,
+            execution_id=attempt.envelope.execution_id,
+            observed_outcome=state.value,
+            stale_worker=worker,
+            stale_epoch=epoch,
+            generation=self._membership.generation,
+            evidence_session_id=scope.session_id,
+            fields=fields,
+        )
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_LATE_WRITE_REPORT_S):
+            try:
+                await self._on_late_write(late)
+            except Exception:  # the refusal stands whether or not the report could be written
+                logger.exception("the late-write report could not be written")
+
     def _receipt(self, scope: EvidenceScope, attempt: _Attempt) -> dict[str, Any]:
         return {
             "evidence_session_id": scope.session_id,
@@ -528,6 +608,13 @@ def _with_receipt_meta(exc: UpstreamReplied, receipt: dict[str, Any]) -> Upstrea
         else {"upstream_data": data, "receipt": receipt}
     )
     return UpstreamReplied(error)
+
+
+def _requested_log_level(params: dict[str, Any]) -> str | None:
+    # A 2026-07-28 client asks for log messages per request, in _meta (there is no logging/setLevel).
+    meta = params.get("_meta")
+    level = meta.get(LOG_LEVEL_META_KEY) if isinstance(meta, dict) else None
+    return level if isinstance(level, str) else None
 
 
 def _progress_token(params: dict[str, Any]) -> str | int | None:

@@ -33,3 +33,5 @@ class Caller:
     relay: CallRelay | None
     evidence: EvidenceScope
     log_level: str | None = None
+    # Sessionless era: the request's Mcp-Param-* headers (duplicates kept), checked against the tool.
+    param_headers: Any = None

@@ -7,18 +7,20 @@
     ├─ RequestRejected        before dispatch: HTTP status + JSON-RPC error, id null or the request's id
     │  ├─ ParseError (-32700, 400)   InvalidRequest (-32600, 400)   BodyTooLarge (-32600, 413)
     │  ├─ MethodNotFound (-32601, 200)   InvalidParams (-32602, 200)
-    │  ├─ OriginForbidden (403)   NotAcceptable (406)   UnsupportedMediaType (415)
+    │  ├─ OriginForbidden (403)   HostForbidden (421)   NotAcceptable (406)   UnsupportedMediaType (415)
     │  ├─ SessionIdMissing (400)   SessionNotFound (404)
     │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)
     │  ├─ UnsupportedProtocolVersion (-32022, 400)
     │  ├─ MethodNotAllowed (405)   TooManySessions (503)   WorkerSuperseded (503)
+│  ├─ SessionStoreUnavailable (503)
     │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
     ├─ CallRefused            inside a call: HTTP 200 + JSON-RPC error in -32000…-32099
     │  ├─ UnknownTool   GrantDenied   InvalidCmcpEnvelope   ArgumentConstraintFailed   RateLimited
+│  ├─ InputRoundUnknown (a requestState this replica does not hold for this agent)
     │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
     │  └─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
-    └─ StoreError             StaleEpoch   NotDurable   Conflict
+    └─ StoreError             StaleEpoch   NotDurable   Conflict   GenerationHeld (start refused)
 
 Checks raise; ``transport/`` renders. Every concrete class has a stable
 ``reason`` (a member of :class:`Reason`), a JSON-RPC code and an HTTP status,
@@ -46,8 +48,11 @@ __all__ = [
     "ExecutionIdRequired",
     "ExecutionInFlight",
     "ExecutionReplay",
+    "GenerationHeld",
     "GrantDenied",
     "HeaderMismatch",
+    "HostForbidden",
+    "InputRoundUnknown",
     "InvalidCmcpEnvelope",
     "InvalidParams",
     "InvalidRequest",
@@ -66,6 +71,7 @@ __all__ = [
     "RequestRejected",
     "SessionIdMissing",
     "SessionNotFound",
+    "SessionStoreUnavailable",
     "StaleEpoch",
     "StoreError",
     "TooManySessions",
@@ -91,6 +97,7 @@ class Reason(enum.StrEnum):
     METHOD_NOT_FOUND = "method_not_found"
     INVALID_PARAMS = "invalid_params"
     ORIGIN_FORBIDDEN = "origin_forbidden"
+    HOST_FORBIDDEN = "host_forbidden"
     NOT_ACCEPTABLE = "not_acceptable"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     SESSION_ID_MISSING = "session_id_missing"
@@ -101,6 +108,7 @@ class Reason(enum.StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     TOO_MANY_SESSIONS = "too_many_sessions"
     WORKER_SUPERSEDED = "worker_superseded"
+    SESSION_STORE_UNAVAILABLE = "session_store_unavailable"
     CREDENTIAL_INVALID = "credential_invalid"
     AGENT_SESSION_EXPIRED = "agent_session_expired"
     AGENT_SESSION_REVOKED = "agent_session_revoked"
@@ -116,6 +124,7 @@ class Reason(enum.StrEnum):
     EXECUTION_IN_FLIGHT = "execution_in_flight"
     EXECUTION_REPLAY = "execution_replay"
     EXECUTION_ID_REQUIRED = "execution_id_required"
+    INPUT_ROUND_UNKNOWN = "input_round_unknown"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
@@ -124,6 +133,7 @@ class Reason(enum.StrEnum):
     STALE_EPOCH = "stale_epoch"
     NOT_DURABLE = "not_durable"
     CONFLICT = "conflict"
+    GENERATION_HELD = "generation_held"
 
 
 class BastionError(Exception):
@@ -205,6 +215,14 @@ class OriginForbidden(RequestRejected):
     default_message = "Origin not allowed"
 
 
+class HostForbidden(RequestRejected):
+    """A ``Host`` header this gateway does not answer to (DNS rebinding); 421 as the MCP SDK answers."""
+
+    reason = Reason.HOST_FORBIDDEN
+    http_status = 421
+    default_message = "Misdirected Request: Host not allowed"
+
+
 class NotAcceptable(RequestRejected):
     reason = Reason.NOT_ACCEPTABLE
     http_status = 406
@@ -260,6 +278,14 @@ class WorkerSuperseded(RequestRejected):
     reason = Reason.WORKER_SUPERSEDED
     http_status = 503
     default_message = "Service Unavailable: this gateway worker was superseded"
+
+
+class SessionStoreUnavailable(RequestRejected):
+    """A transport session could not be recorded or read in the store: nothing was opened or served (#10)."""
+
+    reason = Reason.SESSION_STORE_UNAVAILABLE
+    http_status = 503
+    default_message = "Service Unavailable: the transport session store cannot be reached"
 
 
 class MethodNotAllowed(RequestRejected):
@@ -323,6 +349,17 @@ class ArgumentConstraintFailed(CallRefused):
     reason = Reason.ARGUMENT_CONSTRAINT_FAILED
     jsonrpc_code = -32032
     default_message = "Arguments do not satisfy the grant's constraints"
+
+
+class InputRoundUnknown(CallRefused):
+    """A retry names a ``requestState`` this replica is not holding for this agent (issue #8).
+
+    Unknown, expired, already used, issued at another replica, or another agent's: one answer.
+    """
+
+    reason = Reason.INPUT_ROUND_UNKNOWN
+    jsonrpc_code = -32036
+    default_message = "Unknown or expired requestState: call the tool again without it"
 
 
 class RateLimited(CallRefused):
@@ -459,3 +496,11 @@ class Conflict(StoreError):
     reason = Reason.CONFLICT
     jsonrpc_code = -32073
     default_message = "Conflicting write"
+
+
+class GenerationHeld(StoreError):
+    """Start-up refused: the generation stayed held by a live worker past this worker's lease."""
+
+    reason = Reason.GENERATION_HELD
+    jsonrpc_code = -32074
+    default_message = "The generation is held by a live worker"

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from bastion.auth.bearer import StaticBearerAuth
 from bastion.auth.oauth import OAuthVerifier, resource_metadata_url, www_authenticate
 from bastion.auth.principal import Principal
 from bastion.auth.roles import check_store_roles
+from bastion.background import BackgroundTasks
 from bastion.call import ToolCallPath
 from bastion.crypto.keys import Keyring
 from bastion.errors import AgentSessionRevoked, BastionError, ConfigError, StoreError, WorkerSuperseded
@@ -53,10 +54,16 @@ from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
 from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
+from bastion.propagation.feed import PollingChangeFeed, notifications_for
+from bastion.propagation.follower import ReplicaFollower
+from bastion.propagation.policy_status import read_fleet_policy, report_policy
+from bastion.session.listeners import TOOLS_LIST_CHANGED, ListenerHub
 from bastion.session.registry import SessionRegistry
+from bastion.session.shared import SharedSessions
 from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
+from bastion.store.replicas import ChangeKind
 from bastion.store.select import open_store
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
@@ -66,6 +73,7 @@ from bastion.workers.attachment import (
     persist_surface_change,
     transport_session_ref,
 )
+from bastion.workers.late_write import LateWrite, record_late_write
 from bastion.workers.membership import WorkerMembership
 from bastion.workers.recovery import recover_generation
 from bastion.workers.runtimes import RuntimeRegistry
@@ -77,8 +85,13 @@ logger = logging.getLogger(__name__)
 _SWEEP_INTERVAL_S = 5.0
 # How long closing a session waits for its cancelled calls to record their outcome.
 _CANCELLED_CALLS_GRACE_S = 10.0
-# A revocation made at another replica reaches this one within this bound (plus one store read).
-REVOCATION_SYNC_S = 2.0
+# A revocation, termination or policy reload made at another replica reaches this one within this
+# bound: the change feed is read every POLL_INTERVAL_S (0.25 s), or at once on a notification (#10).
+REVOCATION_SYNC_S = 1.0
+# How often this replica writes the shared last-seen time of the sessions it served (one batch).
+_TOUCH_FLUSH_S = 1.0
+# How long the change feed and terminated or idle session records are kept.
+_CHANGE_RETENTION_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -145,6 +158,8 @@ class Gateway:
         self._runtime_hook: Callable[[str, Any], None] | None = None
         self.runtimes: RuntimeRegistry | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
+        # Loops that write to the store: ended before the store closes (issue #11 point 16).
+        self.background = BackgroundTasks()
         self.fleet = UpstreamFleet(
             snapshot, on_namespace_changed=self.broadcast_tools_changed, on_process_event=self._process_event
         )
@@ -160,6 +175,12 @@ class Gateway:
         self.recorder: EvidenceRecorder | None = None
         self.call_path: ToolCallPath | None = None
         self.router: MethodRouter | None = None
+        # Issue #10: transport sessions as store records, and the change feed this replica follows.
+        self.shared: SharedSessions | None = None
+        self.follower: ReplicaFollower | None = None
+        self.feed: PollingChangeFeed | None = None
+        # Open subscriptions/listen streams (sessionless clients' list_changed notifications).
+        self.listeners = ListenerHub()
         self._tsm = ConfigfsTsm(options.tsm_root)
         self._tsm_reason: str | None = None
         self._profile = ClaimProfile(
@@ -280,8 +301,15 @@ class Gateway:
             limiter=self.limiter,
             attachments=self.attachments,
             shared_limits=StoreRateLimiter(store, lambda: datetime.now(UTC)),
+            on_late_write=self._record_late_write,
         )
-        self.router = MethodRouter(self.fleet, self.call_path, self.snapshot, on_surface=self._surface_listed)
+        self.router = MethodRouter(
+            self.fleet,
+            self.call_path,
+            self.snapshot,
+            on_surface=self._surface_listed,
+            listeners=self.listeners,
+        )
         oauth = self.policy.current.auth.oauth
         verifier = None
         if oauth is not None:
@@ -289,7 +317,7 @@ class Gateway:
             verifier = OAuthVerifier(oauth, self._oauth_http)
         self._store_auth = StoreBearerAuth(store)
         self.authenticator = Authenticator(self.auth, self._store_auth, verifier)
-        task_group.start_soon(self._follow_revocations)
+        self._start_replica_links(task_group, store)
         self.runtimes = RuntimeRegistry(
             store,
             clock=lambda: datetime.now(UTC),
@@ -297,13 +325,14 @@ class Gateway:
             heartbeat_s=options.heartbeat_s,
             owner=options.generation,
             launched_by=self.membership.worker,
+            fence=self.membership.check_current,  # runtime heartbeats end with this gateway's epoch
         )
         self._runtime_hook = self.runtimes.process_hook(self.policy.current.version)
-        task_group.start_soon(self.runtimes.run)
+        task_group.start_soon(self.runtimes.run)  # ended by runtimes.settle() at shutdown
         await self.fleet.start(task_group)
-        task_group.start_soon(self.membership.heartbeat_forever)
-        task_group.start_soon(self.health.watch, self._probe_store)
-        task_group.start_soon(self._sweep_idle)
+        self.background.start_soon(task_group, self.membership.heartbeat_forever)
+        self.background.start_soon(task_group, self.health.watch, self._probe_store)
+        self.background.start_soon(task_group, self._sweep_idle)
         # --- issue #5 (workers/takeover.py): peer takeover. As a survivor, take over a peer's
         # generation whose holder is not live (expired heartbeat, or a PID known dead on this host)
         # and that left work unsettled; recover it under a fresh recovery worker and a strictly
@@ -350,9 +379,36 @@ class Gateway:
                 own_generation=options.generation,
             )
 
-        task_group.start_soon(watch_for_peers)
+        self.background.start_soon(task_group, watch_for_peers)
         # --- end issue #5 block
         self.started.set()
+
+    async def _record_late_write(self, late: LateWrite) -> str:
+        """Record what this superseded worker observed, under a fresh current writer (issue #11 point 5)."""
+        assert self.store is not None and self.keyring is not None
+        store, keyring, options = self.store, self.keyring, self.options
+
+        def recorder_for(membership: WorkerMembership) -> EvidenceRecorder:
+            return EvidenceRecorder(
+                store,
+                keyring,
+                membership,
+                attest=self._attest,
+                profile=self._profile,
+                policy=self.policy_in_force,
+                max_entries=options.evidence_max_entries,
+                max_age_s=options.evidence_max_age_s,
+            )
+
+        return await record_late_write(
+            store,
+            late,
+            recorder_for=recorder_for,
+            policy_version=self.policy.current.version,
+            lease_s=options.lease_s,
+            heartbeat_s=options.heartbeat_s,
+            clock=lambda: datetime.now(UTC),
+        )
 
     def _process_event(self, kind: str, upstream: Any) -> None:
         if self._runtime_hook is not None:
@@ -363,10 +419,19 @@ class Gateway:
         await self.store.heartbeat(self.membership.worker, datetime.now(UTC))
 
     async def aclose(self) -> None:
+        """Shut down in an order where nothing writes after the store closed (issue #11 point 16).
+
+        (1) client sessions (their evidence closed, claims issued); (2) the upstreams (processes
+        stopped); (3) their exits recorded; (4) every background loop ended; (5) the store.
+        """
+        self.listeners.close_all()
         with anyio.CancelScope(shield=True):
             for transport_session in list(self.registry):
                 await self.close_transport_session(transport_session, "shutdown")
             await self.fleet.aclose()
+            if self.runtimes is not None:
+                await self.runtimes.settle()
+            await self.background.cancel_and_wait()
             if self._oauth_http is not None:
                 await self._oauth_http.aclose()
             if self.store is not None:
@@ -413,13 +478,13 @@ class Gateway:
         except StoreError as exc:
             self.health.failed(exc, owed=lambda: scope.close(reason))
 
-    async def audit_isolation(self, agent: AgentId, cause: str) -> None:
+    async def audit_isolation(self, agent: AgentId, cause: str, reason: str = "session_not_found") -> None:
         scope = self.evidence_for(agent)
         try:
             await scope.record(
                 AuditEvent.ISOLATION_REFUSED,
                 decision=Decision.DENY.value,
-                reason="session_not_found",
+                reason=reason,
                 detail={"cause": cause},
             )
         except StoreError as exc:
@@ -443,6 +508,8 @@ class Gateway:
     async def _persist_surface(self, change: SurfaceChange) -> None:
         if self.store is None or self.membership is None or self.membership.superseded:
             return
+        if self.background.closed:
+            return  # shutting down: this worker's liveness ends, and with it what its records prove
         worker, epoch = self.membership.credentials()
 
         def worker_for(namespace: str) -> WorkerId | None:
@@ -465,6 +532,13 @@ class Gateway:
         """The sanctioned re-attach: re-initialize that session's upstream session, refresh the surface."""
         transport_session = next((t for t in self.registry if transport_session_ref(t.id) == ref), None)
         server = next((n for n, u in self.fleet.upstreams.items() if u.namespace == namespace), None)
+        owner = self.attachments.owner_of(ref)
+        if transport_session is None and server is not None and isinstance(owner, Principal):
+            # A sessionless agent has no upstream session to re-initialize: refresh the namespace's
+            # tools and list them for that agent (issue #11 point 2).
+            await self.fleet.refresh_server(server)
+            visible = visible_tools(self.snapshot(), owner, self.fleet.catalog.values())
+            return frozenset(entry.namespace for entry in visible)
         if transport_session is None or server is None:
             raise RuntimeError("unknown transport session or namespace")
         stale = transport_session.upstream_sessions.get(server)
@@ -551,26 +625,108 @@ class Gateway:
         self._applied_revocations.add(record.agent_session_id)
         return summary
 
-    async def _follow_revocations(self) -> None:
-        """Apply revocations made at other replicas (the store is the truth): bound REVOCATION_SYNC_S."""
+    async def revoked_elsewhere(self, agent_session_id: str) -> None:
+        """A revocation made anywhere (the change feed said so): end it here if this replica serves it."""
         assert self.store is not None
+        if agent_session_id in self._applied_revocations:
+            return
+        live = {t.principal.agent_session_id for t in self.registry} | set(self._sessionless_in_flight)
+        if agent_session_id not in live:
+            return
+        record = await self.store.get_agent_session(agent_session_id)
+        if record is not None and record.revoked_at is not None:
+            await self.end_agent_session(record)
+
+    # ------------------------------------------------------------------ replicas (issue #10)
+
+    def _start_replica_links(self, task_group: anyio.abc.TaskGroup, store: Store) -> None:
+        """Shared transport sessions, the change feed, policy reports: what makes replicas interchangeable."""
+        assert self.membership is not None
+        membership = self.membership
+        self.shared = SharedSessions(
+            self.registry,
+            store,
+            membership.credentials,
+            self.evidence_for,
+            idle_timeout_s=lambda: self.policy.current.gateway.transport_session_idle_s,
+        )
+        self.feed = PollingChangeFeed(store)
+        self.follower = ReplicaFollower(
+            store,
+            self.registry,
+            worker=lambda: membership.worker,
+            revoked=self.revoked_elsewhere,
+            close_locally=self.close_transport_session,
+            reload_policy=self.follow_policy_reload,
+            policy_version=lambda: self.policy.current.version,
+        )
+        follower = self.follower
+        feed = self.feed
+
+        async def follow() -> None:
+            with contextlib.suppress(StoreError):
+                await feed.start()
+            await feed.follow(follower.apply)
+
+        self.background.start_soon(task_group, follow)
+        listen = notifications_for(store)
+        if listen is not None:
+            self.background.start_soon(task_group, listen, feed.nudge)
+        self.background.start_soon(task_group, self._flush_touches)
+        self.background.start_soon(task_group, self._report_policy)
+
+    async def _flush_touches(self) -> None:
+        assert self.shared is not None and self.store is not None
+        last_prune = time.monotonic()
         while True:
-            await anyio.sleep(REVOCATION_SYNC_S)
-            live = {t.principal.agent_session_id for t in self.registry} | set(self._sessionless_in_flight)
-            live.discard(None)
-            for agent_session_id in live:
-                if agent_session_id is None or agent_session_id in self._applied_revocations:
-                    continue
-                try:
-                    record = await self.store.get_agent_session(agent_session_id)
-                except StoreError:
-                    continue
-                if record is not None and record.revoked_at is not None:
-                    await self.end_agent_session(record)
+            await anyio.sleep(_TOUCH_FLUSH_S)
+            if self.membership is None or self.membership.superseded:
+                return
+            await self.shared.flush_touches()
+            if time.monotonic() - last_prune > _CHANGE_RETENTION_S / 10:
+                last_prune = time.monotonic()
+                with contextlib.suppress(StoreError):
+                    await self.store.prune_changes(datetime.now(UTC) - timedelta(seconds=_CHANGE_RETENTION_S))
+
+    async def _report_policy(self) -> None:
+        if self.store is not None and self.membership is not None and not self.membership.superseded:
+            await report_policy(
+                self.store, self.membership.credentials(), self.policy.state(), now=datetime.now(UTC)
+            )
+
+    async def fleet_policy(self) -> dict[str, Any]:
+        """For ``/readyz``: the version each live replica runs, the newest, and who is behind."""
+        if self.store is None:
+            return {}
+        try:
+            fleet = await read_fleet_policy(self.store, now=datetime.now(UTC), lease_s=self.options.lease_s)
+        except StoreError as exc:
+            return {"error": exc.message}
+        worker = self.membership.worker if self.membership is not None else None
+        return {**fleet.to_json(), "this_replica_behind": worker in fleet.behind}
+
+    async def follow_policy_reload(self) -> None:
+        """Another replica reloaded its policy: reload this one's file too (not announced again)."""
+        try:
+            await self._reload_policy_file()
+        finally:
+            await self._report_policy()
+
+    async def end_transport_session(self, transport_session: TransportSession, reason: str) -> None:
+        """End a client session at every replica (DELETE, shared idle expiry), then close it here."""
+        if self.shared is not None:
+            shared = self.shared
+            try:
+                await shared.terminate(transport_session, reason)
+            except StoreError as exc:
+                # Owed: the termination is written when the store is back; until then this replica
+                # has forgotten the session, and others still serve it (the client asked to end it).
+                self.health.failed(exc, owed=lambda: shared.terminate(transport_session, reason))
+        await self.close_transport_session(transport_session, reason)
 
     # ------------------------------------------------------------------ policy reload
 
-    async def reload_policy(self) -> dict[str, Any]:
+    async def _reload_policy_file(self) -> dict[str, Any]:
         """Validate the configuration file again and swap it in atomically, or keep the last valid one.
 
         Upstream servers are fixed for the life of the process: a file whose
@@ -610,6 +766,27 @@ class Gateway:
         self.policy.reload(loader, source=current.source)
         return self.policy.state()
 
+    async def reload_policy(self) -> dict[str, Any]:
+        """Reload here (SIGHUP, ``POST /admin/reload``), report it, and announce it to the other replicas.
+
+        Raises :class:`ConfigError` (reported too) when the file cannot be used.
+        """
+        try:
+            state = await self._reload_policy_file()
+        finally:
+            await self._report_policy()
+        if self.store is not None and self.membership is not None and self.membership.worker is not None:
+            try:
+                await self.store.publish_change(
+                    ChangeKind.POLICY_RELOADED,
+                    str(state["policy_version"]),
+                    None,
+                    origin=self.membership.worker,
+                )
+            except StoreError as exc:
+                logger.warning("policy reload not announced to other replicas: %s", exc.message)
+        return state
+
     # ------------------------------------------------------------------ sessions
 
     async def close_transport_session(self, transport_session: TransportSession, reason: str) -> None:
@@ -636,6 +813,16 @@ class Gateway:
             await self._close_evidence(transport_session.evidence, CloseReason(reason))
         logger.info("transport session closed", extra={"reason": reason, "agent": transport_session.agent})
 
+    def pass_on_client_notification(self, transport_session: TransportSession, method: str) -> None:
+        """A session-era client's ``roots/list_changed`` reaches its own upstream sessions, and no other."""
+        if self._task_group is None:
+            return
+        for server in transport_session.upstream_sessions.servers():
+            upstream_session = transport_session.upstream_sessions.get(server)
+            upstream = self.fleet.upstreams.get(server)
+            if upstream is not None and upstream_session is not None:
+                self._task_group.start_soon(upstream.notify_session, upstream_session, method)
+
     async def broadcast_tools_changed(self, namespace: str) -> None:
         """Tell the client sessions that see ``namespace`` (their grants cover one of its tools)."""
         payload = dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
@@ -644,12 +831,23 @@ class Gateway:
         for transport_session in self.registry:
             if visible_tools(snapshot, transport_session.principal, entries):
                 transport_session.server_stream.publish(payload)
+        self.listeners.publish(
+            TOOLS_LIST_CHANGED,
+            "notifications/tools/list_changed",
+            lambda principal: bool(visible_tools(snapshot, principal, entries)),
+        )
 
     async def _sweep_idle(self) -> None:
         while True:
             await anyio.sleep(_SWEEP_INTERVAL_S)
+            if self.shared is not None:
+                await self.shared.flush_touches()
             for transport_session in self.registry.expired():
-                await self.close_transport_session(transport_session, "idle_expiry")
+                # Idle here; ended everywhere only if no other replica served it within the timeout.
+                if self.shared is not None and await self.shared.idle_everywhere(transport_session):
+                    await self.end_transport_session(transport_session, "idle_expiry")
+                else:
+                    await self.close_transport_session(transport_session, "idle_expiry")
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         upstreams = [

@@ -2,9 +2,15 @@
 
 Owns the method table: ``ping``, ``server/discover`` (sessionless era),
 ``tools/list`` (the one namespaced surface), ``tools/call`` (``call.py``),
-``logging/setLevel``; everything else is ``MethodNotFound`` with a clear
-message (resources and prompts follow in a later issue). ``initialize`` is
-the session handshake and lives in ``transport/``.
+``logging/setLevel``, ``subscriptions/listen`` (sessionless era: the response
+is the change-notification stream); everything else is ``MethodNotFound``
+with a clear message (resources and prompts follow in a later issue).
+``initialize`` is the session handshake and lives in ``transport/``.
+
+Each era has its own table: 2026-07-28 removed ``ping``, ``initialize`` and
+``logging/setLevel`` (spec changelog, major change 5), so a sessionless
+request for them is ``MethodNotFound`` (HTTP 404 on that wire), exactly as the
+reference servers answer; ``subscriptions/listen`` exists only at 2026-07-28.
 """
 
 from __future__ import annotations
@@ -18,15 +24,20 @@ from bastion.caller import Caller
 from bastion.errors import InvalidParams, MethodNotFound
 from bastion.policy.decide import visible_tools
 from bastion.policy.snapshot import Snapshot
+from bastion.session.listeners import ListenerHub, honored_filter
 from bastion.session.state import TransportSession
 from bastion.upstream.fleet import UpstreamFleet
-from bastion.versions import MODERN_VERSIONS
+from bastion.versions import SUPPORTED_VERSIONS
 
 __all__ = ["SERVER_CAPABILITIES", "SERVER_INFO", "MethodRouter", "for_sessionless_wire"]
 
 SERVER_INFO = {"name": "bastion", "version": __version__}
 SERVER_CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": True}, "logging": {}}
 _NOT_YET = ("resources/", "prompts/", "completion/")
+# Methods that do not exist on the 2026-07-28 wire, and those that exist only there.
+REMOVED_AT_MODERN: frozenset[str] = frozenset({"ping", "initialize", "logging/setLevel"})
+MODERN_ONLY: frozenset[str] = frozenset({"server/discover", "subscriptions/listen"})
+SUBSCRIPTION_ID_META_KEY = "io.modelcontextprotocol/subscriptionId"
 _LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 # Results the 2026-07-28 wire marks cacheable: they must carry ttlMs and cacheScope.
@@ -69,8 +80,10 @@ class MethodRouter:
         snapshot: Callable[[], Snapshot],
         *,
         on_surface: Callable[[TransportSession, frozenset[str]], None] | None = None,
+        listeners: ListenerHub | None = None,
     ) -> None:
         self._on_surface = on_surface
+        self.listeners = listeners if listeners is not None else ListenerHub()
         self._snapshot = snapshot
         self._fleet = fleet
         self._call_path = call_path
@@ -82,15 +95,25 @@ class MethodRouter:
             "logging/setLevel": self._set_level,
         }
 
-    async def dispatch(self, caller: Caller, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def dispatch(
+        self, caller: Caller, method: str, params: dict[str, Any], request_id: str | int | None = None
+    ) -> dict[str, Any]:
         """Answer one request.
 
         Raises:
-            MethodNotFound: the method is not served.
+            MethodNotFound: the method is not served, or does not exist in the caller's era.
             BastionError: whatever the handler refuses with.
         """
+        sessionless = caller.transport_session is None
+        if sessionless and method in REMOVED_AT_MODERN:
+            raise MethodNotFound(
+                f"Method not found: {method} does not exist at protocol version {caller.protocol_version}",
+                method=method,
+            )
+        if method == "subscriptions/listen" and sessionless:
+            return await self._listen(caller, params, request_id)
         handler = self._handlers.get(method)
-        if handler is None:
+        if handler is None or (not sessionless and method in MODERN_ONLY):
             if method.startswith(_NOT_YET):
                 raise MethodNotFound(
                     f"Method not found: {method} is not served by this gateway yet", method=method
@@ -103,7 +126,7 @@ class MethodRouter:
 
     async def _discover(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         return {
-            "supportedVersions": list(MODERN_VERSIONS),
+            "supportedVersions": list(SUPPORTED_VERSIONS),
             "capabilities": SERVER_CAPABILITIES,
             "instructions": "Bastion gateway: tools are named <namespace>__<tool>.",
             "_meta": {"io.modelcontextprotocol/serverInfo": SERVER_INFO},
@@ -127,3 +150,26 @@ class MethodRouter:
         if caller.transport_session is not None:
             caller.transport_session.log_level = level
         return {}
+
+    async def _listen(
+        self, caller: Caller, params: dict[str, Any], request_id: str | int | None
+    ) -> dict[str, Any]:
+        """Serve one listen stream until the client closes it (a cancel) or the gateway ends it.
+
+        The acknowledgment goes first and names only the kinds delivered here
+        (``toolsListChanged`` for now); every frame carries the listen
+        request's id as ``subscriptionId``. A graceful end answers the final
+        result with the same ``_meta``.
+        """
+        requested = params.get("notifications")
+        if not isinstance(requested, dict) or request_id is None or caller.relay is None:
+            raise InvalidParams("Invalid params: subscriptions/listen needs a notifications filter")
+        meta = {SUBSCRIPTION_ID_META_KEY: request_id}
+        honored = honored_filter(requested)
+        with self.listeners.open(caller.principal, frozenset(honored)) as stream:
+            await caller.relay.notify(
+                "notifications/subscriptions/acknowledged", {"_meta": meta, "notifications": honored}
+            )
+            async for method in stream.events:
+                await caller.relay.notify(method, {"_meta": meta})
+        return {"_meta": meta}

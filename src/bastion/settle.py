@@ -43,8 +43,16 @@ class Finish(Protocol):
     ) -> Awaitable[None]: ...
 
 
-async def send_and_settle(send: Callable[[], Awaitable[dict[str, Any]]], finish: Finish) -> dict[str, Any]:
+async def send_and_settle(
+    send: Callable[[], Awaitable[dict[str, Any]]],
+    finish: Finish,
+    *,
+    on_input_required: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+) -> dict[str, Any]:
     """Run ``send`` and finish the attempt exactly once; returns the checked result.
+
+    A result of ``resultType`` ``input_required`` is no outcome (the client comes back with the
+    same call, issue #8): it goes to ``on_input_required`` instead, and nothing is finished.
 
     Raises:
         UpstreamReplied: the upstream answered with a JSON-RPC error (recorded ``failed``).
@@ -84,6 +92,9 @@ async def send_and_settle(send: Callable[[], Awaitable[dict[str, Any]]], finish:
         )
         await finish(ExecutionState.OUTCOME_UNKNOWN, reason=error.reason.value)
         raise error from exc
+    if on_input_required is not None and result.get("resultType") == "input_required":
+        await on_input_required(result)
+        return result
     state = ExecutionState.FAILED if result.get("isError") is True else ExecutionState.COMPLETED
     await finish(state, reason=None, result_digest=digest)
     return result

@@ -22,6 +22,7 @@ __all__ = [
     "MODERN_VERSION",
     "MODERN_VERSIONS",
     "PROTOCOL_VERSION_META_KEY",
+    "SUPPORTED_VERSIONS",
 ]
 
 # Session era: initialize + Mcp-Session-Id.
@@ -32,5 +33,9 @@ DEFAULT_HANDSHAKE_VERSION: Final[str] = "2025-03-26"
 # Sessionless era: server/discover, per-request envelope.
 MODERN_VERSIONS: Final[tuple[str, ...]] = ("2026-07-28",)
 MODERN_VERSION: Final[str] = MODERN_VERSIONS[-1]
+# The one list a client is told: ``server/discover``'s ``supportedVersions`` and the ``supported``
+# of every UnsupportedProtocolVersion error (-32022). Both name the per-request revisions only, as
+# the reference servers do: session-era revisions are negotiated by ``initialize``, not announced.
+SUPPORTED_VERSIONS: Final[tuple[str, ...]] = MODERN_VERSIONS
 
 CAPABILITIES_META_KEY: Final[str] = CLIENT_CAPABILITIES_META_KEY

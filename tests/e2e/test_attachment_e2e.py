@@ -65,10 +65,10 @@ async def test_connected_but_missing_from_the_surface_until_reattached(
     assert "result" in allowed, allowed
 
 
-async def test_contradictory_evidence_refuses_mutating_calls(
+async def test_an_attached_upstream_that_died_refuses_mutating_calls_as_an_outage(
     tmp_path: Path, fresh_tools_upstream: Upstream
 ) -> None:
-    """Attached in the session's surface but the upstream is gone: contradictory evidence, refused."""
+    """Attached in the session's surface but the upstream is gone: an outage (not connected), refused."""
     config = base_config(tmp_path, fresh_tools_upstream.url)
     config["requirements"] = [{"agent": "alice", "namespaces": ["tools"]}]
     path = tmp_path / "gateway.toml"
@@ -85,5 +85,5 @@ async def test_contradictory_evidence_refuses_mutating_calls(
                 await call(http, gw.url, token, session, "tools__echo", {"text": "x"})
         refused = answer_of(await call(http, gw.url, token, session, "notes__increment"))
         read_only = answer_of(await call(http, gw.url, token, session, "notes__echo", {"text": "ok"}))
-    assert reason_of(refused) == "attachment_contradictory", refused
+    assert reason_of(refused) == "required_namespace_not_connected", refused
     assert reason_of(read_only) is None

@@ -36,7 +36,10 @@ async def answer_sampling(context: Any, params: Any) -> CreateMessageResult:
 async def test_elicitation_and_sampling_reach_the_caller(
     tmp_path: Path, tools_upstream: Upstream, mode: str, era: str
 ) -> None:
-    """Elicitation and sampling asked by an HTTP upstream (either era) are answered by the calling client."""
+    """Elicitation and sampling asked by an HTTP upstream (either era) are answered by the calling client.
+
+    A sessionless client is asked by input-required rounds, also when the upstream asks mid-call.
+    """
     config = gateway_config(tmp_path, tools_upstream.url, era=era)
     app = create_app(
         snapshot_from_mapping(config, source=None, version="t"), RuntimeOptions(data_dir=tmp_path / "data")
@@ -46,26 +49,18 @@ async def test_elicitation_and_sampling_reach_the_caller(
         async with gateway.client(
             mode=mode, elicitation_callback=answer_elicitation, sampling_callback=answer_sampling
         ) as client:
-            if mode == "auto" and era == "session":
-                # A sessionless client has no back channel and a session-era upstream asks mid-call:
-                # the gateway declares no client capability upstream, so the upstream refuses the call.
-                for tool, args in (
-                    ("tools__ask_user", {"question": "what?"}),
-                    ("tools__summarize", {"text": "t"}),
-                ):
-                    with pytest.raises(MCPError) as caught:
-                        await client.call_tool(tool, args)
-                    assert caught.value.error.code == -32021
-                return
             asked = await client.call_tool("tools__ask_user", {"question": "what?"})
             summary = await client.call_tool("tools__summarize", {"text": "long text"})
     assert "forty-two" in asked.content[0].text  # type: ignore[union-attr]
     assert "a summary" in summary.content[0].text  # type: ignore[union-attr]
 
 
-async def test_stdio_upstream_elicitation_reaches_the_only_caller(running_gateway: RunningGateway) -> None:
-    """A stdio upstream's elicitation is relayed to the one client whose call is in flight."""
-    async with running_gateway.client(elicitation_callback=answer_elicitation) as client:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_stdio_upstream_elicitation_reaches_the_only_caller(
+    running_gateway: RunningGateway, mode: str
+) -> None:
+    """A stdio upstream's elicitation reaches the one client in flight (by rounds if it is sessionless)."""
+    async with running_gateway.client(mode=mode, elicitation_callback=answer_elicitation) as client:
         asked = await client.call_tool("notes__ask_user", {"question": "what?"})
     assert "forty-two" in asked.content[0].text  # type: ignore[union-attr]
 

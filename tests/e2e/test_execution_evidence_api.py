@@ -6,10 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import httpx
 import pytest
 
 from bastion.app import create_app
+from bastion.cli.main import main
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
@@ -21,7 +24,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_execution_entries_are_found_for_their_agent_and_auditors_only(
-    tmp_path: Path, tools_upstream: Upstream
+    tmp_path: Path, tools_upstream: Upstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Alice reads her own entries of an execution id, never Bob's; an auditor reads either, by agent."""
     snapshot = snapshot_from_mapping(base_config(tmp_path, tools_upstream.url), source=None, version="api")
@@ -58,3 +61,12 @@ async def test_execution_entries_are_found_for_their_agent_and_auditors_only(
         "completed",
     ]
     assert anonymous.status_code == 401
+    # `bastion audit find` over the same store keeps the two agents' executions apart.
+    find = ["audit", "find", "--data-dir", str(tmp_path / "data"), "--execution-id", "shared"]
+    assert await anyio.to_thread.run_sync(main, find) == 0
+    listing = capsys.readouterr().out
+    assert listing.startswith("7 entries carry execution_id 'shared' (2 agent(s))")
+    alice, bob = listing.split("agent 'alice', execution_id 'shared': 4 entries")[1].split(
+        "agent 'bob', execution_id 'shared': 3 entries"
+    )
+    assert "agent=bob" not in alice and "agent=alice" not in bob.split("evidence session")[0]

@@ -197,6 +197,10 @@ async def test_restart_after_kill_settles_the_execution(
                 ]
                 previous = "reserved" if point.recovered is ExecutionState.RELEASED else "invoking"
                 assert recovery[0]["detail"]["previous_state"] == previous
+                # It links to the dead worker's last entry of the call; its ts is the last known event time.
+                dead = [e for e in audit if e["epoch"] == 1 and e["call_id"] == recovery[0]["call_id"]]
+                expected = {k: dead[-1][k] for k in ("session_id", "seq", "hash", "ts")} if dead else None
+                assert recovery[0]["detail"]["last_entry"] == expected
 
             # 3. A released row is re-admitted once with the same binding; then it is terminal too.
             earlier = point.recovered

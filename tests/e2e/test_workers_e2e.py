@@ -39,6 +39,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from bastion.admission.states import ExecutionState
 from bastion.audit.entry import GENESIS_PREV, AuditEntry, compute_hash
 from bastion.auth.bearer import hash_token
+from bastion.cli.serve import EXIT_SUPERSEDED
 from bastion.cli.verify_cmd import EXIT_OK
 from bastion.ids import AgentId, ExecutionId
 from bastion.store.base import WorkerRecord
@@ -66,10 +67,11 @@ LEASE_S = 1.0
 EXECUTION_ID = "workers-e2e-fenced"
 ADMIN_TOKEN = "admin-" + "q" * 40
 # store/health.py logs this when a durable write fails; the text after the colon is StaleEpoch's message.
-STALE_TERMINAL_WRITE = "store degraded: Write refused: the writer's fencing epoch is stale"
+STORE_DEGRADED = "store degraded"
 
 
 BIN = Path(sys.executable).parent
+BASTION = (sys.executable, "-m", "bastion.cli.main")
 
 
 # ---------------------------------------------------------------- processes
@@ -312,23 +314,22 @@ async def test_a_paused_gateway_is_fenced_after_a_survivor_takes_its_generation_
             finally:
                 first.signal(signal.SIGCONT)
 
-        # 4. Its late terminal write is refused (StaleEpoch), so the caller learns nothing durable happened.
-        assert reason_of(answer) == "not_durable", answer
+        # 4. Its late terminal write is refused (StaleEpoch): the caller hears it was superseded (not
+        #    a storage failure), with the outcome it observed; the store is not degraded for it.
+        assert reason_of(answer) == "stale_epoch", answer
+        assert "superseded" in answer["error"]["message"]
         assert answer["error"]["data"]["execution_id"] == EXECUTION_ID
+        assert answer["error"]["data"]["observed_outcome"] == "completed"
         with anyio.fail_after(START_TIMEOUT_S):
-            refused = await first.logged(STALE_TERMINAL_WRITE)
-        assert refused["reason"] == "stale_epoch"
+            reported = await first.logged("late write refused (superseded); what it observed is recorded")
         assert execution_row(data_dir, EXECUTION_ID) == row  # untouched by the late write
         assert holding_upstream.count() == 1
 
-        # 5. It stops serving: its heartbeat learns it was superseded; /readyz and the next request say so.
+        # 5. It stops serving and exits, saying why; it never reported its store degraded.
         with anyio.fail_after(START_TIMEOUT_S):
-            await first.logged("this worker was superseded; it stops serving")
-        ready = await http.get(first.origin + "/readyz")
-        assert ready.status_code == 503 and ready.json()["worker"]["superseded"] is True
-        next_request = await raw_call(http, first.url, "work__echo")
-        assert next_request.status_code == 503
-        assert next_request.json()["error"]["data"]["reason"] == "worker_superseded"
+            await first.logged("this worker was superseded by a newer epoch; it stops serving and exits")
+            assert await first.process.wait() == EXIT_SUPERSEDED
+        assert STORE_DEGRADED not in first.log.read_text()
 
         # 6. The survivor still serves, and the same execution id is a replay of outcome_unknown.
         echo = await sessionless_call(http, second.url, "work__echo", {"text": "still here"})
@@ -355,7 +356,17 @@ async def test_a_paused_gateway_is_fenced_after_a_survivor_takes_its_generation_
         code, output = verify_quietly(bundle, claim, key)
         assert code == EXIT_OK, output
 
-    # 8. The registry shows who held what: the first worker superseded, a recovery worker at epoch 2.
+        # 8. What the fenced worker observed is in the evidence, written by a current writer: a
+        #    refused (stale_epoch) entry with the observed outcome, in a closed, verifiable session.
+        late = chains[reported["evidence_session_id"]]
+        [(entry, _, _)] = [(e, w, ep) for e, w, ep in late if e.reason == "stale_epoch"]
+        assert (entry.execution_id, entry.outcome, entry.event) == (EXECUTION_ID, "completed", "refused")
+        assert (entry.detail or {})["stale_epoch"] == 1 and late[-1][0].event == "session_close"
+        bundle, claim = await save_evidence(http, second.url, entry.session_id, tmp_path)
+        code, output = verify_quietly(bundle, claim, key)
+        assert code == EXIT_OK, output
+
+    # 9. The registry shows who held what: the first worker superseded, a recovery worker at epoch 2.
     async with await SqliteStore.open(data_dir / "bastion.db") as store:
         views = await describe_workers(
             store, now=datetime.now(UTC), lease_s=LEASE_S, pid_alive=pid_alive, this_host=this_host()
@@ -432,27 +443,24 @@ async def until(
 async def test_bastion_workers_reads_a_running_gateway(
     tmp_path: Path, holding_upstream: HoldingUpstream
 ) -> None:
-    """``bastion workers --url``: the gateway's own identity, live, holding g1 at epoch 1."""
-    from bastion.cli.workers_cmd import add_workers_parser, run_workers
-
+    """`bastion workers` (the real command): the gateway's own identity, live, holding g1 at epoch 1."""
     extra = f'\n[auth]\nadmin_token_sha256 = "{hash_token(ADMIN_TOKEN)}"\n'
     config = write_config(tmp_path / "gateway.toml", holding_upstream.url, extra=extra)
     token_file = tmp_path / "admin.token"
     token_file.write_text(ADMIN_TOKEN)
     async with gateway_process(config, tmp_path / "data", "g1", tmp_path / "g1.log") as gateway:
-        import argparse
-        import io
-
-        parser = argparse.ArgumentParser()
-        add_workers_parser(parser.add_subparsers(dest="command"))
-        args = parser.parse_args(
-            ["workers", "--url", gateway.url, "--admin-token-file", str(token_file), "--json"]
+        listed = await anyio.run_process(
+            [*BASTION, "workers", "--url", gateway.url, "--admin-token-file", str(token_file), "--json"],
+            check=False,
         )
-        out, err = io.StringIO(), io.StringIO()
-        code = await anyio.to_thread.run_sync(lambda: run_workers(args, out=out, err=err))
-        assert code == 0, err.getvalue()
-        [worker] = [w for w in json.loads(out.getvalue())["workers"] if w["role"] == "gateway"]
-        assert (worker["generation"], worker["epoch"], worker["liveness"]) == ("g1", 1, "live")
+        from_store = await anyio.run_process(
+            [*BASTION, "workers", "--data-dir", str(tmp_path / "data")], check=False
+        )
+    assert listed.returncode == 0, listed.stderr.decode()
+    [worker] = [w for w in json.loads(listed.stdout)["workers"] if w["role"] == "gateway"]
+    assert (worker["generation"], worker["epoch"], worker["liveness"]) == ("g1", 1, "live")
+    assert from_store.returncode == 0, from_store.stderr.decode()
+    assert worker["worker_id"] in from_store.stdout.decode()
 
 
 async def test_a_required_namespace_down_refuses_mutating_calls_only(

@@ -19,7 +19,7 @@ from bastion.errors import StoreError
 from bastion.ids import AgentId, ExecutionId
 from bastion.store.base import Store
 
-__all__ = ["name_earlier_attempt"]
+__all__ = ["last_entry_of_call", "name_earlier_attempt"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,25 @@ async def name_earlier_attempt(
         data["earlier_evidence_session_id"] = found.session_id
         data["earlier_seq"] = found.seq
         data["earlier_entry_hash"] = found.hash
+
+
+async def last_entry_of_call(
+    store: Store, agent: AgentId, execution_id: ExecutionId, call_id: str | None
+) -> dict[str, Any] | None:
+    """Where the evidence of one attempt ends: ``{session_id, seq, hash, ts}`` of its last entry.
+
+    For the entry a recovering worker writes: it links the settled row to the dead worker's
+    last word on that call, and ``ts`` is the last time anything was known of it. ``None``
+    when the store holds no entry of the call (or cannot be read).
+    """
+    try:
+        entries = await store.find_entries(execution_id, agent=agent, limit=_LOOKUP_LIMIT)
+    except StoreError:
+        return None
+    found = _outcome_entry(entries, call_id, None)
+    if found is None:
+        return None
+    return {"session_id": found.session_id, "seq": found.seq, "hash": found.hash, "ts": found.ts}
 
 
 def _outcome_entry(entries: list[AuditEntry], call_id: str | None, outcome: str | None) -> AuditEntry | None:

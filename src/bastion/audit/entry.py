@@ -53,6 +53,7 @@ class AuditEvent(enum.StrEnum):
     ISOLATION_REFUSED = "isolation_refused"
     RECOVERY = "recovery"
     REVOCATION = "revocation"
+    INPUT_REQUIRED = "input_required"  # a round of a call that asked its client for input (issue #8)
 
 
 class Decision(enum.StrEnum):

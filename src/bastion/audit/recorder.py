@@ -384,7 +384,9 @@ class EvidenceRecorder:
                 try:
                     await ended.wait()
                 finally:
-                    await evidence.lock.acquire()
+                    # Shielded: the caller's ``async with evidence.lock`` releases it on the way out.
+                    with anyio.CancelScope(shield=True):
+                        await evidence.lock.acquire()
                 if evidence.closed:
                     raise RuntimeError("evidence session is closed")
                 continue

@@ -26,32 +26,45 @@ def run_find(
     *,
     agent: str | None = None,
     export_dir: Path | None = None,
+    store_url: str | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """Print every entry carrying ``execution_id`` (of ``agent`` when given); 0, or 2 for no store."""
+    """Print every entry carrying ``execution_id`` (of ``agent`` when given); 0, or 2 for no store.
+
+    The store is the one ``bastion serve`` would open (``--store``, ``$BASTION_STORE``,
+    else ``<data_dir>/bastion.db``, which must exist).
+    """
+    import os
+
     import anyio
 
     from bastion.audit.entry import AuditEntry
     from bastion.audit.export import write_bundle_file, write_claim_file
-    from bastion.errors import StoreError
+    from bastion.errors import ConfigError, StoreError
     from bastion.ids import AgentId, EvidenceSessionId, ExecutionId
-    from bastion.store.sqlite import SqliteStore
+    from bastion.store.select import SQLITE_FILE, choose_store_url, open_store
 
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    path = data_dir / "bastion.db"
+    path = data_dir / SQLITE_FILE
     if not execution_id:
         print("error: --execution-id must not be empty", file=err)
         return 2
-    if not path.is_file():  # never create a store where none is
+    try:
+        url = choose_store_url(store_url, os.environ)
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=err)
+        return 2
+    if url is None and not path.is_file():  # never create a store where none is
         print(f"error: no store at {path}", file=err)
         return 2
 
     Chains = dict[str, tuple[list[AuditEntry], dict[str, Any] | None]]
 
     async def read() -> tuple[list[AuditEntry], dict[str, str], Chains]:
-        async with await SqliteStore.open(path) as store:
+        store = await open_store(url, data_dir)
+        try:
             entries = await store.find_entries(
                 ExecutionId(execution_id), agent=AgentId(agent) if agent is not None else None
             )
@@ -66,6 +79,8 @@ def run_find(
                 if export_dir is not None:
                     chains[session_id] = (await store.read_chain(EvidenceSessionId(session_id)), claim)
             return entries, states, chains
+        finally:
+            await store.aclose()
 
     try:
         entries, states, chains = anyio.run(read)
@@ -76,7 +91,7 @@ def run_find(
             if claim:
                 write_claim_file(claim, export_dir / f"{session_id}.claim.json")
     except StoreError as exc:
-        print(f"error: {path}: {exc.message}", file=err)
+        print(f"error: {path if url is None else 'the store'}: {exc.message}", file=err)
         return 2
     except OSError as exc:
         print(f"error: {exc.filename or export_dir}: {exc.strerror or exc}", file=err)
@@ -87,15 +102,22 @@ def run_find(
         f"{len(entries)} {carry} execution_id {execution_id!r} ({who}) in {len(states)} evidence session(s)",
         file=out,
     )
+    by_agent: dict[str | None, list[AuditEntry]] = {}
     for entry in entries:
-        detail = entry.detail or {}
-        late = f" late event_ts={detail.get('event_ts')}" if detail.get("late") else ""
-        print(
-            f"  {entry.ts}  agent={entry.agent} session={entry.session_id} seq={entry.seq} "
-            f"event={entry.event} call={entry.call_id} outcome={entry.outcome} reason={entry.reason} "
-            f"worker={entry.worker} epoch={entry.epoch} hash={entry.hash}{late}",
-            file=out,
-        )
+        by_agent.setdefault(entry.agent, []).append(entry)
+    for owner, own in by_agent.items():
+        # An execution_id is scoped under its agent: each agent's entries are a separate execution.
+        count = f"{len(own)} entry" if len(own) == 1 else f"{len(own)} entries"
+        print(f"agent {owner!r}, execution_id {execution_id!r}: {count}", file=out)
+        for entry in own:
+            detail = entry.detail or {}
+            late = f" late event_ts={detail.get('event_ts')}" if detail.get("late") else ""
+            print(
+                f"  {entry.ts}  agent={entry.agent} session={entry.session_id} seq={entry.seq} "
+                f"event={entry.event} call={entry.call_id} outcome={entry.outcome} reason={entry.reason} "
+                f"worker={entry.worker} epoch={entry.epoch} hash={entry.hash}{late}",
+                file=out,
+            )
     for session_id, state in states.items():
         print(f"evidence session {session_id}: {state}", file=out)
     if export_dir is not None and states:

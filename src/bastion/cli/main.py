@@ -35,7 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--heartbeat-s", type=float, default=2.0, help="heartbeat interval (below the lease)")
     serve.add_argument(
-        "--evidence-max-entries", type=int, default=10_000, help="rotate an evidence session here"
+        "--evidence-max-entries",
+        type=int,
+        default=10_000,
+        help="entries per evidence session, genesis and close included (at least 6)",
     )
     serve.add_argument("--evidence-max-age-s", type=float, default=3600.0, help="... or at this age")
 
@@ -78,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     find.add_argument("--execution-id", required=True)
     find.add_argument("--agent", help="only this agent's entries (an execution_id is scoped per agent)")
     find.add_argument("--data-dir", type=Path, default=Path(".bastion"))
+    find.add_argument(
+        "--store", help="a postgresql:// URL (default: $BASTION_STORE, or <data-dir>/bastion.db)"
+    )
     find.add_argument("--export", type=Path, help="also write each evidence session's bundle and claim here")
 
     public_key = sub.add_parser("public-key", help="print the gateway's active public key (PEM, or --jwk)")
@@ -96,9 +102,11 @@ def _parser() -> argparse.ArgumentParser:
 
     from bastion.cli.agent_session_cmd import add_agent_session_parser
     from bastion.cli.connect_cmd import add_connect_parser
+    from bastion.cli.workers_cmd import add_workers_parser
 
     add_agent_session_parser(sub)
     add_connect_parser(sub)
+    add_workers_parser(sub)
     return parser
 
 
@@ -145,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "audit" and args.audit_command == "find":
         from bastion.cli.audit_find_cmd import run_find
 
-        return run_find(args.data_dir, args.execution_id, agent=args.agent, export_dir=args.export)
+        return run_find(
+            args.data_dir, args.execution_id, agent=args.agent, export_dir=args.export, store_url=args.store
+        )
     if args.command == "audit":
         from bastion.cli.verify_cmd import run_join
 
@@ -186,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         from bastion.cli.connect_cmd import run_connect
 
         return run_connect(args)
+    if args.command == "workers":
+        from bastion.cli.workers_cmd import run_workers
+
+        return run_workers(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 

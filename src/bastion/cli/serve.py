@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -10,6 +11,8 @@ import secrets
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +24,22 @@ from bastion.app import create_app
 from bastion.audit.recorder import MIN_MAX_ENTRIES
 from bastion.auth.anonymous import refuse_anonymous_off_loopback
 from bastion.auth.bearer import hash_token
+from bastion.children import guarded_command
 from bastion.errors import ConfigError
 from bastion.gateway import RuntimeOptions
 from bastion.logs import configure_logging
 from bastion.policy.load import load_snapshot, snapshot_from_mapping
 from bastion.policy.snapshot import Snapshot
 from bastion.store.select import choose_store_url, describe_store
+from bastion.transport.rebinding import is_loopback
 
-__all__ = ["run_serve"]
+__all__ = ["EXIT_START_REFUSED", "EXIT_SUPERSEDED", "run_serve"]
 
 logger = logging.getLogger(__name__)
 
 DEMO_TOKEN_FILE = "demo-agent.token"  # noqa: S105 - a file name, not a secret
+EXIT_START_REFUSED = 3  # the gateway refused to start (held generation, unusable store): one line says why
+EXIT_SUPERSEDED = 4  # a newer epoch took this worker's generation: it drained, stopped its runtimes, exited
 
 
 def run_serve(
@@ -74,6 +81,8 @@ def run_serve(
         print(f"bastion: {exc.message}", file=sys.stderr)
         _stop(demo_upstream)
         return 2
+    signal.signal(signal.SIGTERM, _TERMINATION)
+    outcome = _Outcome()
     try:
         store_url = choose_store_url(store, os.environ, snapshot.store_url)
     except ConfigError as exc:
@@ -81,6 +90,11 @@ def run_serve(
         _stop(demo_upstream)
         return 2
     logger.info("store", extra={"store": describe_store(store_url, data_dir)})
+    if not is_loopback(host) and not snapshot.gateway.allowed_hosts:
+        # DNS-rebinding protection has no safe default off loopback: the operator names the hosts.
+        print(f"bastion: --host {host} is not loopback; set gateway.allowed_hosts", file=sys.stderr)
+        _stop(demo_upstream)
+        return 2
     try:
         options = RuntimeOptions(
             data_dir=data_dir,
@@ -92,17 +106,40 @@ def run_serve(
             evidence_max_entries=evidence_max_entries,
             evidence_max_age_s=evidence_max_age_s,
         )
-        anyio.run(_serve, snapshot, host, port, options, token_note, backend_options={"use_uvloop": True})
+        anyio.run(
+            _serve, snapshot, host, port, options, token_note, outcome, backend_options={"use_uvloop": True}
+        )
     except KeyboardInterrupt:
         pass
     finally:
         _stop(demo_upstream)
+    if outcome.refusal is not None:
+        print(f"bastion: {outcome.refusal}", file=sys.stderr)
+        return EXIT_START_REFUSED
+    if outcome.superseded:
+        print("bastion: this worker was superseded by a newer epoch; it stopped", file=sys.stderr)
+        return EXIT_SUPERSEDED
     return 0
 
 
+@dataclass
+class _Outcome:
+    """How serving ended: a refused start (its one line), or a superseded worker's exit."""
+
+    refusal: str | None = None
+    superseded: bool = False
+
+
 async def _serve(
-    snapshot: Snapshot, host: str, port: int, options: RuntimeOptions, token_note: Path | None
+    snapshot: Snapshot,
+    host: str,
+    port: int,
+    options: RuntimeOptions,
+    token_note: Path | None,
+    outcome: _Outcome | None = None,
 ) -> None:
+    """Serve until stopped, or until this worker is superseded; ``outcome`` says which."""
+    outcome = outcome if outcome is not None else _Outcome()
     app = create_app(snapshot, options)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -117,10 +154,27 @@ async def _serve(
             timeout_graceful_shutdown=5,
         )
     )
+    ended = anyio.Event()
+    failed: list[SystemExit] = []
+
+    async def serve() -> None:
+        try:
+            with _TERMINATION.serving():
+                await server.serve()
+        except SystemExit as exc:
+            failed.append(exc)  # uvicorn exits when start-up failed; the reason is app.state.start_refusal
+        finally:
+            ended.set()
+
     async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve)
+        tg.start_soon(serve)
         while not server.started:
-            if server.should_exit:
+            if server.should_exit or ended.is_set():
+                await ended.wait()
+                refusal: str | None = getattr(app.state, "start_refusal", None)
+                if refusal is None and failed:
+                    refusal = "start failed: see the log"
+                outcome.refusal = refusal
                 return
             await anyio.sleep(0.02)
         bound = port
@@ -129,7 +183,7 @@ async def _serve(
                 bound = sock.getsockname()[1]
         url = f"http://{host}:{bound}/mcp"
         tg.start_soon(_reload_on_sighup, app)
-        print(f"BASTION READY {url}", flush=True)
+        print(f"BASTION READY {url}{_not_ready_note(app)}", flush=True)
         if token_note is not None:
             print(
                 f"Demo agent token: {token_note} (send it as 'Authorization: Bearer <token>').\n"
@@ -137,6 +191,50 @@ async def _serve(
                 f"  python -m bastion.examples.connect --url {url} --token-file {token_note}",
                 flush=True,
             )
+        tg.start_soon(_exit_when_superseded, app, server, outcome)
+        await ended.wait()
+        tg.cancel_scope.cancel()  # the SIGHUP listener ends with the server
+
+
+async def _exit_when_superseded(app: Starlette, server: uvicorn.Server, outcome: _Outcome) -> None:
+    """A superseded worker drains (uvicorn's graceful stop), stops its runtimes (shutdown) and exits."""
+    membership = app.state.gateway.membership
+    await membership.superseded_event.wait()
+    outcome.superseded = True
+    server.should_exit = True
+
+
+class _Termination:
+    """SIGTERM outside uvicorn's graceful stop: KeyboardInterrupt, so ``finally`` blocks still run.
+
+    uvicorn stops gracefully on SIGTERM and then raises the signal again under the handler it
+    found (this one): that second delivery only confirms the stop already done. The default
+    action would end the process before the demo upstream is stopped (issue #11 point 16).
+    """
+
+    def __init__(self) -> None:
+        self._serving = False
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        self._serving = True
+        try:
+            yield
+        finally:
+            self._serving = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if not self._serving:
+            raise KeyboardInterrupt
+
+
+_TERMINATION = _Termination()
+
+
+def _not_ready_note(app: Starlette) -> str:
+    """`` not-ready=<name>,...`` for upstreams that are not connected yet ('' when all are)."""
+    names = [h.name for h in app.state.gateway.fleet.health() if not h.connected]
+    return f" not-ready={','.join(sorted(names))}" if names else ""
 
 
 def _demo_token(data_dir: Path) -> str:
@@ -153,7 +251,9 @@ def _demo_token(data_dir: Path) -> str:
 def _start_demo_upstream(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "BASTION_COUNTER_FILE": str(data_dir / "demo-counter.log")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "bastion.examples.tools_server", "--host", "127.0.0.1", "--port", "0"],
+        guarded_command(
+            [sys.executable, "-m", "bastion.examples.tools_server", "--host", "127.0.0.1", "--port", "0"]
+        ),
         stdout=subprocess.PIPE,
         text=True,
         env=env,

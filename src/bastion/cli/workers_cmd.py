@@ -2,11 +2,14 @@
 
 Reads a running gateway's ``GET /admin/workers`` (``--url`` with the admin
 credential from ``--admin-token-file``), or the store file directly
-(``--data-dir``; liveness then judged with ``--lease-s``, the gateway's lease).
+(``--data-dir``; liveness then judged with the lease each worker's gateway
+recorded at registration, or ``--lease-s`` when given).
 Columns: identity, role, generation, epoch, liveness, heartbeat age, launch
 provenance, owning sessions (from live attachment records only; ``unproven``
-when none) and cohort. ``--json`` prints the API's JSON. Exit status: 0 done,
-1 refused or unreachable, 2 unusable arguments or files.
+when none), cohort, and the policy version a gateway runs (``behind`` when it
+is not the newest a live replica applied, or its last reload failed).
+``--json`` prints the API's JSON. Exit status: 0 done, 1 refused or
+unreachable, 2 unusable arguments or files.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ COLUMNS = (
     "provenance",
     "owning_sessions",
     "cohort",
+    "policy",
 )
 _PROVENANCE_KEYS = ("started_by", "server", "pid", "host", "config_version", "supersedes")
 _DEFAULT_LEASE_S = 10.0  # RuntimeOptions.lease_s
@@ -53,7 +57,10 @@ def add_workers_parser(subparsers: Any) -> None:
     source.add_argument("--store", help="read this PostgreSQL store (a postgresql:// URL) instead")
     parser.add_argument("--admin-token-file", type=Path, help="with --url: file holding the admin token")
     parser.add_argument(
-        "--lease-s", type=float, default=_DEFAULT_LEASE_S, help="with --data-dir/--store: the gateway's lease"
+        "--lease-s",
+        type=float,
+        default=None,
+        help="with --data-dir/--store: judge liveness with this lease (default: each worker's recorded one)",
     )
     parser.add_argument("--json", action="store_true", dest="as_json", help="print JSON")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
@@ -63,10 +70,12 @@ def run_workers(
     args: argparse.Namespace,
     *,
     http: httpx.Client | None = None,
-    out: TextIO = sys.stdout,
-    err: TextIO = sys.stderr,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
 ) -> int:
     """Run ``bastion workers``; returns the exit status. ``http`` replaces the client in tests."""
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
     try:
         if args.url is not None:
             answer = _from_admin_api(args, http, err)
@@ -132,7 +141,7 @@ def _from_store(args: argparse.Namespace) -> dict[str, Any]:
         raise _Unusable(exc.message) from None
     if url is None and not (data_dir / SQLITE_FILE).is_file():  # never create a store where none is
         raise _Unusable(f"no store at {data_dir / SQLITE_FILE}")
-    if not args.lease_s > 0:
+    if args.lease_s is not None and not args.lease_s > 0:
         raise _Unusable("--lease-s must be positive")
 
     async def read() -> dict[str, Any]:
@@ -143,13 +152,18 @@ def _from_store(args: argparse.Namespace) -> dict[str, Any]:
             raise _Unusable(f"{exc.message} ({exc.data.get('store', data_dir / SQLITE_FILE)})") from None
         try:
             views = await describe_workers(
-                store, now=now, lease_s=args.lease_s, pid_alive=pid_alive, this_host=this_host()
+                store,
+                now=now,
+                lease_s=args.lease_s,
+                pid_alive=pid_alive,
+                this_host=this_host(),
+                default_lease_s=_DEFAULT_LEASE_S,
             )
         finally:
             await store.aclose()
         return {
             "as_of": now.isoformat().replace("+00:00", "Z"),
-            "lease_s": args.lease_s,
+            "lease_s": args.lease_s if args.lease_s is not None else "recorded",
             "workers": [v.to_json() for v in views],
         }
 
@@ -179,7 +193,16 @@ def row_of(worker: dict[str, Any]) -> dict[str, str]:
         "provenance": launched or "unproven",
         "owning_sessions": owners if isinstance(owners, str) else ",".join(owners or []) or "unproven",
         "cohort": cohort,
+        "policy": _policy_cell(worker),
     }
+
+
+def _policy_cell(worker: dict[str, Any]) -> str:
+    """A gateway's reported snapshot version, marked ``behind`` when it is not the fleet's newest (#10)."""
+    version = worker.get("policy_version")
+    if version is None:
+        return "-"
+    return f"{version} behind" if worker.get("policy_behind") else str(version)
 
 
 def _print_table(workers: list[dict[str, Any]], out: TextIO) -> None:

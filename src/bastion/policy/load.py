@@ -81,6 +81,7 @@ _GATEWAY_KEYS = frozenset(
         "tool_separator",
         "max_body_bytes",
         "allowed_origins",
+        "allowed_hosts",
         "transport_session_idle_s",
         "upstream_timeout_s",
         "max_transport_sessions",
@@ -304,6 +305,11 @@ def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
         for index, origin in enumerate(origins):
             _check_origin(ctx, origin, f"gateway.allowed_origins[{index}]")
         kwargs["allowed_origins"] = tuple(origins)
+    if "allowed_hosts" in table:
+        hosts = ctx.string_list(table["allowed_hosts"], "gateway.allowed_hosts")
+        for index, host in enumerate(hosts):
+            _check_host(ctx, host, f"gateway.allowed_hosts[{index}]")
+        kwargs["allowed_hosts"] = tuple(hosts)
     return ctx.build(GatewaySettings, **kwargs)
 
 
@@ -561,10 +567,22 @@ def _check_url(ctx: _Context, url: str, key: str) -> None:
         raise ctx.error(key, "the URL has no host")
 
 
+def _check_host(ctx: _Context, host: str, key: str) -> None:
+    # The Host header is compared verbatim (case aside): host[:port], or host:* for any port.
+    try:
+        parts = urlsplit("//" + host.removesuffix(":*"))
+        hostname = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ctx.error(key, "is not a valid host") from None
+    if not hostname or parts.path or parts.query or parts.fragment or parts.username or "/" in host:
+        raise ctx.error(key, "a host must look like name[:port] or name:* (no scheme, no path)")
+
+
 def _check_origin(ctx: _Context, origin: str, key: str) -> None:
     # The Origin header is compared verbatim, so anything but scheme://host[:port] never matches.
     try:
-        parts = urlsplit(origin)
+        parts = urlsplit(origin.removesuffix(":*"))
         hostname = parts.hostname
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:

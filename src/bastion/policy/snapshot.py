@@ -52,9 +52,11 @@ class GatewaySettings:
 
     tool_separator: str = "__"
     max_body_bytes: int = 1_048_576
-    # Origins allowed to reach /mcp from a browser. Requests with no Origin
-    # (non-browser clients) are allowed; any other Origin is refused.
+    # DNS-rebinding protection (transport/rebinding.py). Empty means the safe default: on a
+    # loopback address, the loopback names and origins with that port; elsewhere nothing.
+    # Requests with no Origin (non-browser clients) are allowed; a Host is always required.
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
     transport_session_idle_s: float = 1800.0
     upstream_timeout_s: float = 60.0
     max_transport_sessions: int = 100_000

@@ -18,6 +18,7 @@ from bastion.auth.principal import Principal
 from bastion.errors import SessionNotFound, TooManySessions
 from bastion.ids import AgentId, TransportSessionId, new_transport_session_id
 from bastion.session.state import InFlightCall, TransportSession
+from bastion.store.replicas import transport_session_key
 
 __all__ = ["SessionRegistry"]
 
@@ -42,6 +43,9 @@ class SessionRegistry:
         self._max_sessions = max_sessions
         self._clock = clock
         self._mint_id = mint_id
+        # Sessions used since the last flush: their shared idle expiry is moved on in one batch (#10).
+        self._touched: set[TransportSessionId] = set()
+        self._by_key: dict[str, TransportSessionId] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -70,19 +74,11 @@ class SessionRegistry:
         session_id = self._mint_id()
         while session_id in self._sessions:  # pragma: no cover - 192 random bits
             session_id = self._mint_id()
-        now = self._clock()
-        transport_session = TransportSession(
-            id=session_id,
-            agent=principal.agent,
-            principal=principal,
-            protocol_version=protocol_version,
-            client_capabilities=dict(client_capabilities),
-            client_info=dict(client_info),
-            created_at=now,
-            last_seen=now,
-            evidence=evidence,
+        transport_session = self.new_session(
+            session_id, principal, protocol_version, client_capabilities, client_info, evidence
         )
         self._sessions[session_id] = transport_session
+        self._by_key[transport_session_key(session_id)] = session_id
         self._per_agent[principal.agent] = held + 1
         return transport_session
 
@@ -114,14 +110,60 @@ class SessionRegistry:
         if cause is not None or transport_session is None:
             raise SessionNotFound(cause=cause)
         transport_session.last_seen = self._clock()
+        self._touched.add(transport_session.id)
         return transport_session
+
+    def adopt(self, transport_session: TransportSession) -> TransportSession:
+        """Hold a session loaded from the store (opened at another replica); an equal id held already wins."""
+        held = self._sessions.setdefault(transport_session.id, transport_session)
+        if held is transport_session:
+            self._by_key[transport_session_key(held.id)] = held.id
+            self._per_agent[held.agent] = self._per_agent.get(held.agent, 0) + 1
+        self._touched.add(held.id)
+        return held
+
+    def by_key(self, key: str) -> TransportSession | None:
+        """The session held here whose store key (``store.replicas.transport_session_key``) is ``key``."""
+        session_id = self._by_key.get(key)
+        return None if session_id is None else self._sessions.get(session_id)
+
+    def take_touched(self) -> list[TransportSessionId]:
+        """The ids of live sessions used since the last call, and forget them."""
+        touched = [i for i in self._touched if i in self._sessions]
+        self._touched.clear()
+        return touched
+
+    def new_session(
+        self,
+        session_id: TransportSessionId,
+        principal: Principal,
+        protocol_version: str,
+        client_capabilities: Mapping[str, Any],
+        client_info: Mapping[str, Any],
+        evidence: EvidenceScope,
+    ) -> TransportSession:
+        """A session record for ``session_id``, not yet held (``create`` and ``adopt`` hold it)."""
+        now = self._clock()
+        return TransportSession(
+            id=session_id,
+            agent=principal.agent,
+            principal=principal,
+            protocol_version=protocol_version,
+            client_capabilities=dict(client_capabilities),
+            client_info=dict(client_info),
+            created_at=now,
+            last_seen=now,
+            evidence=evidence,
+        )
 
     def remove(self, transport_session: TransportSession) -> list[InFlightCall]:
         """Forget the session and cancel its requests; returns them, so the caller can await their end."""
         calls = list(transport_session.in_flight.values())
         transport_session.terminated = True
         transport_session.cancel_all()
-        if self._sessions.pop(transport_session.id, None) is not None:
+        if self._sessions.get(transport_session.id) is transport_session:
+            del self._sessions[transport_session.id]
+            self._by_key.pop(transport_session_key(transport_session.id), None)
             left = self._per_agent.get(transport_session.agent, 1) - 1
             if left > 0:
                 self._per_agent[transport_session.agent] = left

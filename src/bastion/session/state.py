@@ -121,10 +121,12 @@ class TransportSession:
     # Namespaces whose tools this session's last tools/list showed (attachment evidence).
     surface_namespaces: frozenset[str] | None = None
     _relay_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    # Several replicas may serve this session at once (#10): their relay ids must never meet.
+    _relay_prefix: str = field(default_factory=lambda: secrets.token_hex(4))
 
     def next_relay_id(self) -> str:
-        """A fresh id for a request the gateway sends to this client."""
-        return f"bastion-r{next(self._relay_ids)}"
+        """A fresh id for a request the gateway sends to this client, unique across replicas."""
+        return f"bastion-r{self._relay_prefix}-{next(self._relay_ids)}"
 
     def cancel_all(self) -> None:
         for call in self.in_flight.values():

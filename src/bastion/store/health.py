@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from bastion.errors import NotDurable, StoreError
+from bastion.errors import NotDurable, StaleEpoch, StoreError
 
 __all__ = ["StoreHealth"]
 
@@ -49,7 +49,14 @@ class StoreHealth:
             )
 
     def failed(self, exc: StoreError, owed: Deferred | None = None) -> None:
-        """Record a failed durable write; ``owed`` re-does its audit part once storage is back."""
+        """Record a failed durable write; ``owed`` re-does its audit part once storage is back.
+
+        A stale epoch is not a storage failure (issue #11): the store works, this worker was
+        superseded. Nothing degrades, and nothing is owed that its stale epoch could never write.
+        """
+        if isinstance(exc, StaleEpoch):
+            logger.warning("write refused: this worker's fencing epoch is stale (superseded)")
+            return
         if not self.degraded:
             logger.error("store degraded: %s", exc.message, extra={"reason": exc.reason.value})
         self.degraded_reason = exc.message

@@ -34,6 +34,7 @@ from bastion.store.base import (
     WorkerRecord,
 )
 from bastion.store.ops import agent_sessions, chains, executions, token_buckets, workers
+from bastion.store.replica_operations import ReplicaRecordOperations
 from bastion.store.rows import (
     SELECT_CHAIN,
     SELECT_GENERATION,
@@ -52,7 +53,7 @@ __all__ = ["StoreOperations"]
 T = TypeVar("T")
 
 
-class StoreOperations:
+class StoreOperations(ReplicaRecordOperations):
     """Every contract method, over :meth:`_write` and :meth:`_read`."""
 
     async def _write(self, op: OpFactory[T]) -> T:

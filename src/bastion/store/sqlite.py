@@ -98,7 +98,9 @@ class SqliteStore(StoreOperations):
             except BaseException as exc:
                 conn.close()
                 if isinstance(exc, sqlite3.Error):
-                    raise StoreError("cannot open the store file", detail=type(exc).__name__) from exc
+                    raise StoreError(
+                        f"cannot open the store file {filename}", detail=f"{type(exc).__name__}: {exc}"
+                    ) from exc
                 raise
             return conn
 

@@ -38,6 +38,7 @@ from bastion.store.base import (
     WorkerRecord,
 )
 from bastion.store.token_buckets import BucketTake, TokensRefused
+from bastion.testing.replicas_passthrough import ReplicaRecordsPassthrough
 
 __all__ = ["FailPoint", "FailWhen", "FaultyStore"]
 
@@ -68,7 +69,7 @@ FailPoint = Literal[
 FailWhen = Literal["before_commit", "after_commit"]
 
 
-class FaultyStore:
+class FaultyStore(ReplicaRecordsPassthrough):
     """Wraps ``inner`` and makes ``fail_at`` raise :class:`NotDurable` ``times`` times."""
 
     def __init__(

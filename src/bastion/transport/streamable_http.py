@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, classify_inbound_request
@@ -43,7 +43,6 @@ from bastion.errors import (
     MethodNotAllowed,
     NotAcceptable,
     NotDurable,
-    OriginForbidden,
     ProtocolVersionMismatch,
     RequestRejected,
     SessionIdMissing,
@@ -69,21 +68,34 @@ from bastion.transport.jsonrpc import (
     parse_message,
     result_message,
 )
+from bastion.transport.rebinding import check_host_and_origin
 from bastion.transport.relay import StreamRelay
 from bastion.upstream.base import UpstreamReplied
 from bastion.versions import (
-    DEFAULT_HANDSHAKE_VERSION,
     HANDSHAKE_VERSIONS,
     LATEST_HANDSHAKE_VERSION,
     MODERN_VERSIONS,
+    PROTOCOL_VERSION_META_KEY,
+    SUPPORTED_VERSIONS,
 )
 
-__all__ = ["FrontDoor"]
+__all__ = ["FrontDoor", "ReplicaSessions"]
 
 logger = logging.getLogger(__name__)
 
 _KEEPALIVE_S = 15.0
 SessionClosed = Callable[[TransportSession, str], Awaitable[None]]
+
+
+class ReplicaSessions(Protocol):
+    """How the front door reaches sessions and requests held at other replicas (issue #10)."""
+
+    async def record_opened(self, transport_session: TransportSession) -> None: ...
+    async def load(self, session_id: str, principal: Principal) -> TransportSession: ...
+    async def forward_cancel(self, transport_session: TransportSession, request_id: RequestId) -> None: ...
+    async def forward_reply(
+        self, transport_session: TransportSession, relay_id: str, reply: dict[str, Any]
+    ) -> None: ...
 
 
 class FrontDoor:
@@ -101,12 +113,16 @@ class FrontDoor:
         evidence_for: Callable[[AgentId], EvidenceScope],
         request_evidence_for: Callable[[AgentId], EvidenceScope],
         end_request_evidence: Callable[[EvidenceScope], Awaitable[None]],
-        audit_isolation: Callable[[AgentId, str], Awaitable[None]],
+        audit_isolation: Callable[[AgentId, str, str], Awaitable[None]],
         serving: Callable[[], None],
         track_sessionless: Callable[[Principal, anyio.CancelScope], contextlib.AbstractContextManager[None]],
+        replicas: ReplicaSessions | None = None,
         cut_cause: Callable[[Principal], BastionError | None] = lambda principal: None,
+        client_notified: Callable[[TransportSession, str], None] | None = None,
     ) -> None:
+        self._replicas = replicas
         self._cut_cause = cut_cause
+        self._client_notified = client_notified
         self._track_sessionless = track_sessionless
         self._snapshot = snapshot
         self._authenticate = authenticate
@@ -134,9 +150,12 @@ class FrontDoor:
         if method not in ("POST", "GET", "DELETE"):
             raise MethodNotAllowed()
         snapshot = self._snapshot()
-        origin = headers.get("origin")
-        if origin is not None and origin not in snapshot.gateway.allowed_origins:
-            raise OriginForbidden()
+        settings = snapshot.gateway
+        try:
+            check_host_and_origin(scope, headers, settings.allowed_hosts, settings.allowed_origins)
+        except RequestRejected as exc:
+            await self._audit_misdirected(scope, headers, exc)
+            raise
         try:
             principal = await self._authenticate(scope, headers.get("authorization"))
         except RequestRejected as exc:
@@ -156,6 +175,17 @@ class FrontDoor:
             await send({"type": "http.response.body", "body": b""})
             return
         await self._get_stream(receive, send, headers, transport_session)
+
+    async def _audit_misdirected(self, scope: Scope, headers: Headers, refusal: RequestRejected) -> None:
+        """Audit a valid credential sent with a foreign Host or Origin (a rebinding page, a leaked token)."""
+        logger.info("request refused before authentication", extra={"reason": refusal.reason.value})
+        if "authorization" not in headers:
+            return  # nobody to attribute it to
+        try:
+            principal = await self._authenticate(scope, headers.get("authorization"))
+        except RequestRejected:
+            return
+        await self._audit_isolation(principal.agent, refusal.cause or "", refusal.reason.value)
 
     # ------------------------------------------------------------------ POST
 
@@ -180,31 +210,33 @@ class FrontDoor:
         message = parse_message(decoded)
         version_header = headers.get("mcp-protocol-version")
 
-        # (3) era
+        # (3) era, by the version header as the reference servers route: a session-era revision
+        # (or none) is the session era; anything else, unknown revisions included, takes the
+        # per-request ladder, which answers an unknown revision with -32022 and the request's id.
+        if version_header is not None and version_header not in HANDSHAKE_VERSIONS:
+            await self._post_sessionless(receive, send, headers, principal, message, decoded, sse_allowed)
+            return
         if isinstance(message, Request) and message.method == "initialize":
             await self._initialize(send, message, principal)
             return
-        if version_header in MODERN_VERSIONS:
-            await self._post_sessionless(receive, send, headers, principal, message, decoded, sse_allowed)
-            return
-        if version_header is not None and version_header not in HANDSHAKE_VERSIONS:
-            raise UnsupportedProtocolVersion(
-                supported=[*HANDSHAKE_VERSIONS, *MODERN_VERSIONS], requested=version_header
-            )
         transport_session = await self._session_for(headers, principal)
-        if (version_header or DEFAULT_HANDSHAKE_VERSION) != transport_session.protocol_version:
+        # A missing header means the negotiated version (2025-11-25 transports: the server relies on
+        # what initialize negotiated); a different one is refused.
+        if version_header is not None and version_header != transport_session.protocol_version:
             raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
         if isinstance(message, Notification):
-            self._on_notification(transport_session, message)
+            await self._on_notification(transport_session, message)
             await _accepted(send)
             return
         if isinstance(message, Response):
+            reply = {"result": message.result} if message.error is None else {"error": message.error}
             pending = transport_session.client_requests.get(str(message.id))
             if pending is not None:
-                pending.reply = (
-                    {"result": message.result} if message.error is None else {"error": message.error}
-                )
+                pending.reply = reply
                 pending.done.set()
+            elif self._replicas is not None and str(message.id).startswith("bastion-r"):
+                # Relayed by another replica serving this session: its answer goes there.
+                await self._replicas.forward_reply(transport_session, str(message.id), reply)
             await _accepted(send)
             return
         if message.id in transport_session.in_flight:
@@ -231,14 +263,25 @@ class FrontDoor:
         decoded: dict[str, Any],
         sse_allowed: bool,
     ) -> None:
+        requested = headers.get("mcp-protocol-version", "")
         if isinstance(message, Notification):
-            # No client-to-server notifications on this wire; closing the stream cancels.
+            # No client-to-server notifications on this wire (closing the stream cancels); one at a
+            # revision not served is told so, as a request is.
+            if requested not in MODERN_VERSIONS:
+                raise UnsupportedProtocolVersion(supported=list(SUPPORTED_VERSIONS), requested=requested)
             await _accepted(send)
             return
         if isinstance(message, Response):
             raise InvalidRequest("Invalid Request: the sessionless era has no back channel to answer")
+        if message.method == "subscriptions/listen" and not sse_allowed:
+            raise NotAcceptable("Not Acceptable: a listen stream needs Accept: text/event-stream")
+        if requested not in MODERN_VERSIONS and PROTOCOL_VERSION_META_KEY not in _meta_of(decoded):
+            # No per-request envelope to check the header against: the revision itself is the answer.
+            unsupported = UnsupportedProtocolVersion(supported=list(SUPPORTED_VERSIONS), requested=requested)
+            await _reject(send, unsupported, message.id)
+            return
         verdict = classify_inbound_request(
-            decoded, headers=dict(headers.items()), supported_modern_versions=MODERN_VERSIONS
+            decoded, headers=dict(headers.items()), supported_modern_versions=SUPPORTED_VERSIONS
         )
         if not hasattr(verdict, "protocol_version"):
             code = getattr(verdict, "code", -32600)
@@ -262,6 +305,9 @@ class FrontDoor:
             transport_session=None,
             relay=None,
             evidence=evidence,
+            param_headers=Headers(
+                raw=[(k, v) for k, v in headers.raw if k.lower().startswith(b"mcp-param-")]
+            ),
         )
         try:
             # The request's evidence session closes, its claim issued, before the answer goes out:
@@ -347,7 +393,7 @@ class FrontDoor:
         self, caller: Caller, request: Request, sessionless: bool
     ) -> tuple[dict[str, Any], int]:
         try:
-            result = await self._router.dispatch(caller, request.method, request.params)
+            result = await self._router.dispatch(caller, request.method, request.params, request.id)
         except BastionError as exc:
             reply = error_message(request.id, exc)
             status = exc.http_status if isinstance(exc, RequestRejected) else 200
@@ -355,17 +401,28 @@ class FrontDoor:
                 status = ERROR_CODE_HTTP_STATUS.get(exc.jsonrpc_code, 200)
             return reply, status
         except UpstreamReplied as exc:
-            return error_message(request.id, exc.error), 200
+            # Relayed verbatim; on the 2026 wire its HTTP status is the one the spec maps its code
+            # to (-32020/-32021/-32022/-32602 are 400, -32601 is 404), as if the upstream were direct.
+            code = exc.error.get("code")
+            status = ERROR_CODE_HTTP_STATUS.get(code, 200) if sessionless and isinstance(code, int) else 200
+            return error_message(request.id, exc.error), status
         if sessionless:
             result = for_sessionless_wire(request.method, result)
         return result_message(request.id, result), 200
 
-    def _on_notification(self, transport_session: TransportSession, message: Notification) -> None:
+    async def _on_notification(self, transport_session: TransportSession, message: Notification) -> None:
         if message.method == "notifications/cancelled":
             request_id = message.params.get("requestId")
-            call = transport_session.in_flight.get(request_id) if isinstance(request_id, str | int) else None
+            if not isinstance(request_id, str | int):
+                return
+            call = transport_session.in_flight.get(request_id)
             if call is not None and call.method != "initialize":
                 call.cancel_scope.cancel()
+            elif call is None and self._replicas is not None:
+                # The request may be in flight at another replica serving this session.
+                await self._replicas.forward_cancel(transport_session, request_id)
+        elif message.method == "notifications/roots/list_changed" and self._client_notified is not None:
+            self._client_notified(transport_session, message.method)
 
     # ------------------------------------------------------------------ session era
 
@@ -374,11 +431,19 @@ class FrontDoor:
         if not session_id:
             raise SessionIdMissing()
         try:
-            return self._registry.get(session_id, principal)
+            try:
+                return self._registry.get(session_id, principal)
+            except SessionNotFound as exc:
+                if exc.cause != "unknown" or self._replicas is None:
+                    raise
+                # Not held here: opened at (or served by) another replica; the store decides (#10).
+                return await self._replicas.load(session_id, principal)
         except SessionNotFound as exc:
             # Unknown, expired, terminated or another principal's: one answer after the same work
             # (one audit entry naming the cause), so neither body nor timing tells them apart (#12).
-            await self._audit_isolation(principal.agent, f"{exc.cause or 'unknown'}_session_id")
+            await self._audit_isolation(
+                principal.agent, f"{exc.cause or 'unknown'}_session_id", exc.reason.value
+            )
             raise
 
     async def _initialize(self, send: Send, request: Request, principal: Principal) -> None:
@@ -402,6 +467,9 @@ class FrontDoor:
         transport_session = self._registry.create(
             principal, negotiated, capabilities, client_info, self._evidence_for(principal.agent)
         )
+        if self._replicas is not None:
+            # Durable before the client learns the id, so any replica can serve it (raises if not).
+            await self._replicas.record_opened(transport_session)
         result = {
             "protocolVersion": negotiated,
             "capabilities": SERVER_CAPABILITIES,
@@ -416,8 +484,8 @@ class FrontDoor:
     ) -> None:
         if "text/event-stream" not in headers.get("accept", ""):
             raise NotAcceptable("Not Acceptable: the GET stream needs Accept: text/event-stream")
-        version_header = headers.get("mcp-protocol-version") or DEFAULT_HANDSHAKE_VERSION
-        if version_header != transport_session.protocol_version:
+        version_header = headers.get("mcp-protocol-version")
+        if version_header is not None and version_header != transport_session.protocol_version:
             raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
         stream = transport_session.server_stream
         prefix, last_seen = _parse_last_event_id(headers.get("last-event-id"))
@@ -470,6 +538,12 @@ def _parse_last_event_id(value: str | None) -> tuple[str | None, int | None]:
         return prefix, int(number)
     except ValueError:
         return None, None
+
+
+def _meta_of(decoded: dict[str, Any]) -> dict[str, Any]:
+    params = decoded.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta if isinstance(meta, dict) else {}
 
 
 async def _watch_disconnect(receive: Receive, call_scope: anyio.CancelScope | None) -> None:

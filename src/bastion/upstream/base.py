@@ -122,6 +122,8 @@ class CallContext:
     # in the sessionless era that answers "input required" is then served by asking
     # the client over the call's stream and retrying; otherwise the result passes through.
     client_answers_requests: bool = False
+    # The agent the call is made for: a parked input round (``input_rounds.py``) resumes only for it.
+    owner: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -166,6 +168,9 @@ class Upstream(Protocol):
 
     async def close_session(self, upstream_session: Any) -> None:
         """Close one upstream session opened for a client session."""
+
+    async def notify_session(self, upstream_session: Any, method: str) -> None:
+        """Pass a client's notification (``notifications/roots/list_changed``) to its own upstream session."""
 
     def health(self) -> UpstreamHealth:
         """Current connection facts, for ``/readyz``."""

@@ -19,10 +19,12 @@ import anyio
 import anyio.abc
 import httpx2 as httpx
 
+from bastion.background import BackgroundTasks
 from bastion.errors import ConfigError, UpstreamError
 from bastion.policy.snapshot import TOOL_NAME_RULE, ServerSpec, Snapshot, UpstreamKind
 from bastion.upstream.base import Upstream, UpstreamHealth, UpstreamReplied
 from bastion.upstream.catalog import Collision, ToolEntry, all_collisions, exposed_name, merge_catalog
+from bastion.upstream.health import HealthSchedule, UpstreamProber
 from bastion.upstream.stdio import StdioUpstream
 from bastion.upstream.streamable_http import HttpUpstream
 
@@ -43,6 +45,7 @@ class UpstreamFleet:
         *,
         on_namespace_changed: NamespaceChanged | None = None,
         on_process_event: Callable[[str, Any], None] | None = None,
+        health_schedule: HealthSchedule | None = None,
     ) -> None:
         self._on_process_event = on_process_event
         self._snapshot = snapshot
@@ -64,6 +67,13 @@ class UpstreamFleet:
         # Tools left out because another server holds their exposed name (never shadowed).
         self.tool_collisions: list[Collision] = []
         self._refresh_lock = anyio.Lock()
+        self._background = BackgroundTasks()
+        # Active health for HTTP upstreams (issue #11): stdio processes are supervised instead.
+        self.probers = {
+            name: UpstreamProber(upstream, on_reconnected=self._list_changed, schedule=health_schedule)
+            for name, upstream in self.upstreams.items()
+            if isinstance(upstream, HttpUpstream)
+        }
 
     def _build(self, spec: ServerSpec) -> Upstream:
         if spec.kind is UpstreamKind.HTTP:
@@ -85,9 +95,12 @@ class UpstreamFleet:
         if collisions:
             named = "; ".join(f"{c.name!r} from {c.holder} and {c.refused}" for c in collisions)
             raise ConfigError(f"servers: tool names collide: {named}")
+        for prober in self.probers.values():
+            self._background.start_soon(task_group, prober.run)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
+            await self._background.cancel_and_wait()  # no probe after the HTTP client closes
             for upstream in self.upstreams.values():
                 try:
                     await upstream.aclose()

@@ -13,7 +13,8 @@ import itertools
 import logging
 from typing import Any
 
-from bastion.upstream.base import CallRelay, ClientDeclined
+from bastion.upstream.base import CallContext, CallRelay, ClientDeclined
+from bastion.upstream.era_paths import LOG_LEVELS
 
 __all__ = ["RequestRelay", "mint_upstream_token"]
 
@@ -29,10 +30,29 @@ def mint_upstream_token() -> str:
 class RequestRelay:
     """The messages of one upstream request, routed to one client's relay."""
 
-    def __init__(self, relay: CallRelay | None, client_token: str | int | None) -> None:
+    def __init__(
+        self, relay: CallRelay | None, client_token: str | int | None, *, log_level: str | None = None
+    ) -> None:
         self.relay = relay
         self.client_token = client_token
         self.upstream_token = mint_upstream_token() if client_token is not None else None
+        # Log messages below the client's level never reach it, whatever the upstream sends.
+        quiet: tuple[str, ...] = ()
+        if log_level is not None and log_level in LOG_LEVELS:
+            quiet = LOG_LEVELS[: LOG_LEVELS.index(log_level)]
+        self._quiet = frozenset(quiet)
+
+    @classmethod
+    def for_call(cls, ctx: CallContext, target: CallRelay | None = None) -> RequestRelay:
+        """The relay of one call to ``target`` (default: the client's own), with the levels it hears.
+
+        A sessionless client that asked for no level hears none (2026-07-28: absent means
+        none); a session-era client that set none hears every level (its era's default).
+        """
+        relay = cls(target if target is not None else ctx.relay, ctx.progress_token, log_level=ctx.log_level)
+        if ctx.log_level is None and not ctx.client_answers_requests:
+            relay._quiet = frozenset(LOG_LEVELS)
+        return relay
 
     def outbound_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` with the client's progress token replaced by this request's own token."""
@@ -50,13 +70,18 @@ class RequestRelay:
         if self.relay is None:
             return
         if method == "notifications/progress":
-            if self.upstream_token is None or params.get("progressToken") != self.upstream_token:
+            if (
+                self.upstream_token is None
+                or self.client_token is None
+                or params.get("progressToken") != self.upstream_token
+            ):
                 logger.debug("dropped progress with a token this request did not issue")
                 return
             await self.relay.notify(method, {**params, "progressToken": self.client_token})
             return
         if method == "notifications/message":
-            await self.relay.notify(method, params)
+            if params.get("level") not in self._quiet:
+                await self.relay.notify(method, params)
             return
         logger.debug("dropped upstream notification %s inside a request stream", method)
 

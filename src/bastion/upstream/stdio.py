@@ -31,6 +31,7 @@ import anyio.abc
 from anyio.streams.text import TextReceiveStream
 
 from bastion import __version__
+from bastion.children import guarded_command
 from bastion.errors import OutcomeUnknown, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from bastion.policy.snapshot import ServerSpec
 from bastion.upstream.base import (
@@ -41,6 +42,7 @@ from bastion.upstream.base import (
     UpstreamHealth,
     UpstreamReplied,
 )
+from bastion.upstream.input_rounds import ParkedRounds, asks_in_rounds, round_trip
 from bastion.upstream.relay import RequestRelay
 from bastion.versions import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION
 
@@ -88,6 +90,7 @@ class StdioUpstream:
         self._ready = anyio.Event()
         self._write_lock = anyio.Lock()
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._parked = ParkedRounds()
         self._supervision = anyio.CancelScope()
         self._detail: str | None = "not started"
         self._tools = 0
@@ -108,6 +111,7 @@ class StdioUpstream:
     async def aclose(self) -> None:
         self._closing = True
         self._supervision.cancel()
+        self._parked.cancel_all()
         await self._stop_process()
 
     def health(self) -> UpstreamHealth:
@@ -143,7 +147,7 @@ class StdioUpstream:
     async def _run_once(self) -> None:
         env = {**os.environ, **dict(self.spec.env)}
         process = await anyio.open_process(
-            [self.spec.command or "", *self.spec.args],
+            guarded_command([self.spec.command or "", *self.spec.args]),  # ends with Bastion (#11)
             env=env,
             cwd=self.spec.cwd,
             start_new_session=True,
@@ -391,12 +395,26 @@ class StdioUpstream:
 
     async def call(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
         await self._await_ready(ctx.timeout_s)
-        relay = RequestRelay(ctx.relay, ctx.progress_token)
+        relay = RequestRelay.for_call(ctx)
         try:
             with anyio.fail_after(ctx.timeout_s):
+                if asks_in_rounds(method, ctx) and self._task_group is not None:
+                    # A sessionless client is asked by input-required rounds (input_rounds.py).
+                    return await round_trip(
+                        self._parked,
+                        self._task_group,
+                        params,
+                        relay,
+                        ctx,
+                        lambda p, wire: self._request_raw(method, p, wire, ctx.client_capabilities),
+                    )
                 return await self._request_raw(method, params, relay, ctx.client_capabilities)
         except TimeoutError as exc:
             raise UpstreamTimeout(f"upstream {self.name} did not answer within {ctx.timeout_s:g}s") from exc
 
     async def close_session(self, upstream_session: Any) -> None:
+        return None
+
+    async def notify_session(self, upstream_session: Any, method: str) -> None:
+        # One session shared by every client: no client's notification is its own to pass on.
         return None

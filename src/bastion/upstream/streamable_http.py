@@ -17,16 +17,17 @@ upstream are sent.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.abc
 import httpx2 as httpx
-from mcp.shared.inbound import encode_header_value
+from mcp.shared.inbound import encode_header_value, mcp_param_headers
 
 from bastion import __version__
 from bastion.errors import (
@@ -45,6 +46,13 @@ from bastion.upstream.base import (
     UpstreamHealth,
     UpstreamReplied,
 )
+from bastion.upstream.era_paths import (
+    LIST_CHANGED_FILTER,
+    param_header_map,
+    wants_session_path,
+    with_log_level,
+)
+from bastion.upstream.input_rounds import ParkedRounds, ask_mid_call, asks_in_rounds, round_trip
 from bastion.upstream.relay import RequestRelay
 from bastion.upstream.resume import Reconnect, messages_resuming
 from bastion.upstream.sse import SseCursor, iter_sse_messages
@@ -64,7 +72,6 @@ logger = logging.getLogger(__name__)
 
 _ACCEPT = "application/json, text/event-stream"
 _GATEWAY_INFO = {"name": "bastion", "version": __version__}
-_MAX_INPUT_ROUNDS = 10
 _SEND_FAILURES = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
@@ -79,6 +86,8 @@ class HttpUpstreamSession:
     session_id: str | None
     protocol_version: str
     capabilities: dict[str, Any]
+    server_capabilities: dict[str, Any] = dataclasses.field(default_factory=dict)
+    log_level: str | None = None  # the level last sent with logging/setLevel
 
 
 def _relayable_capabilities(client_capabilities: Any) -> dict[str, Any]:
@@ -115,6 +124,13 @@ class HttpUpstream:
         self._on_list_changed = on_list_changed
         self._task_group: anyio.abc.TaskGroup | None = None
         self._watch_scope = anyio.CancelScope()
+        self._listen_scope = anyio.CancelScope()
+        # A sessionless upstream that also answers initialize: session-era clients get their own
+        # upstream session there, so nothing of their era is lost (logging/setLevel, back channel).
+        self.speaks_session = False
+        self._param_maps: dict[str, dict[tuple[str, ...], str]] = {}
+        self._parked = ParkedRounds()
+        self.on_transport_error: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -131,6 +147,8 @@ class HttpUpstream:
 
     async def aclose(self) -> None:
         self._watch_scope.cancel()
+        self._listen_scope.cancel()
+        self._parked.cancel_all()
         if self._catalog is not None:
             with anyio.move_on_after(2, shield=True):
                 await self.close_session(self._catalog)
@@ -142,14 +160,19 @@ class HttpUpstream:
                 await self._become_session_era()
                 return
             if self.spec.era == "sessionless":
-                self.era = UpstreamEra.SESSIONLESS
+                self._become_sessionless_era()
                 return
             try:
                 result = await self._modern_request("server/discover", {}, None, {})
             except (UpstreamReplied, UpstreamProtocolError):
                 result = None
             if result is not None and MODERN_VERSION in (result.get("supportedVersions") or []):
-                self.era = UpstreamEra.SESSIONLESS
+                try:
+                    await self._become_session_era()
+                    self.speaks_session = True
+                except (UpstreamReplied, UpstreamProtocolError):
+                    pass
+                self._become_sessionless_era()
                 return
             await self._become_session_era()
 
@@ -159,27 +182,51 @@ class HttpUpstream:
         if self._on_list_changed is not None and self._task_group is not None:
             self._task_group.start_soon(self._watch_catalog, self._catalog)
 
-    def _mark_disconnected(self, detail: str) -> None:
-        was_connected = self._connected
-        self._connected, self._detail = False, detail
-        if was_connected and self._task_group is not None:
-            self._task_group.start_soon(self._probe_until_connected)
+    def _become_sessionless_era(self) -> None:
+        self.era = UpstreamEra.SESSIONLESS
+        if self._on_list_changed is not None and self._task_group is not None:
+            self._task_group.start_soon(self._watch_subscriptions)
 
-    async def _probe_until_connected(self) -> None:
-        """While disconnected, knock every second; any HTTP answer means the transport is back."""
-        while not self._connected:
-            await anyio.sleep(1.0)
-            try:
-                response = await self._client.post(
-                    self.url,
-                    headers={**self._headers, "accept": _ACCEPT, "content-type": "application/json"},
-                    content=b'{"jsonrpc":"2.0","id":0,"method":"ping"}',
-                    timeout=5.0,
-                )
-                await response.aclose()
-            except httpx.HTTPError:
-                continue
-            self._connected, self._detail = True, None
+    def _mark_disconnected(self, detail: str) -> None:
+        self.mark_down(detail)
+
+    # Active health (upstream/health.py) drives these: probe on an interval and on transport errors.
+
+    def mark_down(self, detail: str) -> None:
+        """The transport is known down: health says so (and mutating calls are gated) from now on."""
+        self._connected, self._detail = False, detail
+        self.nudge_health()
+
+    def mark_up(self) -> None:
+        self._connected, self._detail = True, None
+
+    def needs_negotiation(self) -> bool:
+        """Down at start: the era was never learned (the next listing negotiates it)."""
+        return self.era is UpstreamEra.UNKNOWN
+
+    def nudge_health(self) -> None:
+        """A transport error was seen: ask the health prober to look now, not at its next interval."""
+        if self.on_transport_error is not None:
+            self.on_transport_error()
+
+    async def knock(self, timeout_s: float) -> None:
+        """One health probe: a ``ping`` POST; any HTTP answer below 500 means the transport is up.
+
+        Raises:
+            UpstreamUnavailable: no connection, no answer within ``timeout_s``, or a 5xx answer.
+        """
+        try:
+            response = await self._client.post(
+                self.url,
+                headers={**self._headers, "accept": _ACCEPT, "content-type": "application/json"},
+                content=b'{"jsonrpc":"2.0","id":0,"method":"ping"}',
+                timeout=timeout_s,
+            )
+            await response.aclose()
+        except httpx.HTTPError as exc:
+            raise UpstreamUnavailable(f"upstream {self.name}: {type(exc).__name__}") from exc
+        if response.status_code >= 500:
+            raise UpstreamUnavailable(f"upstream {self.name} answered HTTP {response.status_code}")
 
     def health(self) -> UpstreamHealth:
         return UpstreamHealth(
@@ -219,6 +266,11 @@ class HttpUpstream:
             if not isinstance(cursor, str) or not cursor:
                 break
         self._tools = len(tools)
+        self._param_maps = {
+            t["name"]: header_map
+            for t in tools
+            if isinstance(t.get("name"), str) and (header_map := param_header_map(t.get("inputSchema")))
+        }
         return tools
 
     async def call(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
@@ -227,18 +279,38 @@ class HttpUpstream:
                 await self._negotiate()
             except TimeoutError as exc:
                 raise UpstreamUnavailable(f"upstream {self.name} did not answer negotiation") from exc
-        relay = RequestRelay(ctx.relay, ctx.progress_token)
+        relay = RequestRelay.for_call(ctx)
         try:
             with anyio.fail_after(ctx.timeout_s):
-                if self.era is UpstreamEra.SESSIONLESS:
-                    result = await self._modern_call(method, params, relay, ctx)
+                if self.era is UpstreamEra.SESSIONLESS and not wants_session_path(self.speaks_session, ctx):
+                    result = await ask_mid_call(
+                        lambda p: self._modern_request(method, p, relay, ctx.client_capabilities, ctx),
+                        params,
+                        relay,
+                        ctx,
+                    )
+                elif asks_in_rounds(method, ctx):
+                    assert self._task_group is not None
+                    result = await round_trip(
+                        self._parked,
+                        self._task_group,
+                        params,
+                        relay,
+                        ctx,
+                        lambda p, wire: self._session_call(method, p, wire, ctx),
+                    )
                 else:
-                    result = await self._session_call(method, params, relay, ctx)
+                    result = await ask_mid_call(
+                        lambda p: self._session_call(method, p, relay, ctx), params, relay, ctx
+                    )
         except TimeoutError as exc:
             raise UpstreamTimeout(f"upstream {self.name} did not answer within {ctx.timeout_s:g}s") from exc
         except UpstreamUnavailable as exc:
             # The transport is down (nothing could be sent): health says so until it answers again.
             self._mark_disconnected(exc.message)
+            raise
+        except OutcomeUnknown:
+            self.nudge_health()  # a lost connection may be a dead upstream: probe now
             raise
         if not self._connected:
             self._connected, self._detail = True, None
@@ -250,6 +322,13 @@ class HttpUpstream:
         headers = self._session_headers(upstream_session)
         with contextlib.suppress(httpx.HTTPError):
             await self._client.delete(self.url, headers=headers, timeout=5.0)
+
+    async def notify_session(self, upstream_session: Any, method: str) -> None:
+        if not isinstance(upstream_session, HttpUpstreamSession) or upstream_session.session_id is None:
+            return
+        headers = {**self._session_headers(upstream_session), "content-type": "application/json"}
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.post(self.url, headers=headers, json={"jsonrpc": "2.0", "method": method})
 
     # ------------------------------------------------------------------ session era
 
@@ -278,7 +357,7 @@ class HttpUpstream:
                 upstream_session = holder.get(self.name) if holder is not None else None
                 if upstream_session is None:
                     upstream_session = await self._open_session(
-                        _relayable_capabilities(ctx.client_capabilities) if not ephemeral else {}
+                        _relayable_capabilities(ctx.client_capabilities)
                     )
                     if holder is not None:
                         if holder.closed:
@@ -286,6 +365,7 @@ class HttpUpstream:
                             raise UpstreamUnavailable("the client session closed")
                         holder.put(self.name, upstream_session)
                 try:
+                    await self._ensure_log_level(upstream_session, ctx.log_level)
                     return await self._post(upstream_session, method, params, relay)
                 except _SessionGone:
                     # The upstream forgot this session; it did not process the request.
@@ -316,7 +396,13 @@ class HttpUpstream:
         version = result.get("protocolVersion")
         if version not in HANDSHAKE_VERSIONS:
             raise UpstreamProtocolError(f"upstream {self.name} negotiated unsupported version {version!r}")
-        upstream_session = HttpUpstreamSession(response_headers.get("mcp-session-id"), version, capabilities)
+        server_capabilities = result.get("capabilities")
+        upstream_session = HttpUpstreamSession(
+            response_headers.get("mcp-session-id"),
+            version,
+            capabilities,
+            server_capabilities if isinstance(server_capabilities, dict) else {},
+        )
         try:
             response = await self._client.post(
                 self.url,
@@ -389,36 +475,13 @@ class HttpUpstream:
 
     # ------------------------------------------------------------------ sessionless era
 
-    async def _modern_call(
-        self, method: str, params: dict[str, Any], relay: RequestRelay, ctx: CallContext
-    ) -> dict[str, Any]:
-        """One sessionless request; for a session-era client, "input required" rounds are served here."""
-        for _ in range(_MAX_INPUT_ROUNDS):
-            result = await self._modern_request(method, params, relay, ctx.client_capabilities)
-            if result.get("resultType") != "input_required" or not ctx.client_answers_requests:
-                return result
-            requests = result.get("inputRequests") or {}
-            if not isinstance(requests, dict):
-                raise UpstreamProtocolError(f"upstream {self.name} sent malformed inputRequests")
-            responses: dict[str, Any] = {}
-            for key, request in requests.items():
-                if not isinstance(request, dict) or not isinstance(request.get("method"), str):
-                    raise UpstreamProtocolError(f"upstream {self.name} sent a malformed input request")
-                try:
-                    responses[key] = await relay.on_request(request["method"], request.get("params") or {})
-                except ClientDeclined as exc:
-                    raise UpstreamReplied(exc.error) from exc
-            params = {**params, "inputResponses": responses}
-            if "requestState" in result:
-                params["requestState"] = result["requestState"]
-        raise UpstreamProtocolError(f"upstream {self.name} kept asking for input")
-
     async def _modern_request(
         self,
         method: str,
         params: dict[str, Any],
         relay: RequestRelay | None,
         client_capabilities: Any,
+        ctx: CallContext | None = None,
     ) -> dict[str, Any]:
         relay = relay or RequestRelay(None, None)
         request_id = next(self._ids)
@@ -427,7 +490,7 @@ class HttpUpstream:
         meta[PROTOCOL_VERSION_META_KEY] = MODERN_VERSION
         meta[CAPABILITIES_META_KEY] = _relayable_capabilities(client_capabilities)
         meta[CLIENT_INFO_META_KEY] = _GATEWAY_INFO
-        outbound["_meta"] = meta
+        outbound["_meta"] = with_log_level(meta, ctx)
         headers = {
             **self._headers,
             "accept": _ACCEPT,
@@ -438,6 +501,10 @@ class HttpUpstream:
         name = params.get("name") if method in ("tools/call", "prompts/get") else params.get("uri")
         if isinstance(name, str) and method in ("tools/call", "prompts/get", "resources/read"):
             headers["mcp-name"] = encode_header_value(name)
+        arguments = params.get("arguments")
+        if method == "tools/call" and isinstance(name, str) and isinstance(arguments, dict):
+            # x-mcp-header parameters are mirrored as Mcp-Param-* headers, as the upstream requires.
+            headers.update(mcp_param_headers(self._param_maps.get(name, {}), arguments))
         body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": outbound}
         # Closing this request's stream is the sessionless era's cancellation.
         async with self._stream(headers, body) as response:
@@ -575,6 +642,29 @@ class HttpUpstream:
         if status >= 400 or not isinstance(result, dict):
             raise UpstreamProtocolError(f"upstream {self.name} answered HTTP {status} without a result")
         return result
+
+    async def _ensure_log_level(self, upstream_session: HttpUpstreamSession, level: str | None) -> None:
+        """The client's ``logging/setLevel`` reaches its own upstream session before its next request."""
+        if level is None or upstream_session.log_level == level:
+            return
+        if "logging" not in upstream_session.server_capabilities:
+            return  # the upstream does not log: nothing to set, nothing lost
+        with contextlib.suppress(UpstreamReplied):
+            await self._post(upstream_session, "logging/setLevel", {"level": level}, RequestRelay(None, None))
+        upstream_session.log_level = level
+
+    async def _watch_subscriptions(self) -> None:
+        """A sessionless upstream's ``tools/list_changed`` arrives on a ``subscriptions/listen`` stream."""
+        with self._listen_scope:
+            backoff = 0.5
+            while True:
+                with contextlib.suppress(UpstreamError, UpstreamReplied):
+                    await self._modern_request(
+                        "subscriptions/listen", {"notifications": LIST_CHANGED_FILTER}, None, {}
+                    )
+                    backoff = 0.5
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
 
     async def _watch_catalog(self, catalog: HttpUpstreamSession) -> None:
         """Listen on the catalog session's GET stream for ``tools/list_changed``."""

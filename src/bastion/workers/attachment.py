@@ -10,11 +10,12 @@ A mutating call (a tool not annotated ``readOnlyHint``) is refused while any
 namespace required of its caller lacks attachment proof, with one of three
 distinct, typed conditions (:func:`check_attachment`):
 
-1. ``attachment_contradictory``: the evidence disagrees with itself (attached
-   yet not connected; two sources saying opposite things). Checked first: a
+1. ``attachment_contradictory``: the evidence disagrees with itself (two
+   sources saying opposite things of one fact). Checked first: a
    contradiction cannot be trusted to say which of the others it is.
 2. ``required_namespace_not_connected``: not connected, or never observed
-   connected (absent proof is not proof).
+   connected (absent proof is not proof). An upstream that was attached and
+   then died is an outage, reported here, not a contradiction (issue #11).
 3. ``connected_namespace_missing``: connected, but not in this session's
    surface (or the session never listed its tools).
 
@@ -34,7 +35,7 @@ import enum
 import hashlib
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from bastion.errors import (
@@ -59,6 +60,7 @@ __all__ = [
     "check_attachment",
     "condition_of",
     "persist_surface_change",
+    "sessionless_ref",
     "transport_session_ref",
 ]
 
@@ -110,8 +112,8 @@ class AttachmentEvidence:
                 found.append(f"sources disagree on {fact.value}")
             elif seen and value is not None and value not in seen:
                 found.append(f"{fact.value} disagrees with its source")
-        if self.attached is True and self.connected is False:
-            found.append("attached to the session but not connected")
+        # Attached yet not connected is an outage (the surface is older than the failure), not
+        # evidence that disagrees with itself: condition_of reports it as not connected (issue #11).
         return tuple(found)
 
     def to_json(self) -> dict[str, Any]:
@@ -249,6 +251,11 @@ class SurfaceChange:
 class _SessionSurface:
     namespaces: frozenset[str]
     listed_at: datetime | None = None
+    owner: object | None = None  # sessionless refs: the principal, so a re-attach can list for it
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 @dataclass
@@ -257,6 +264,7 @@ class AttachmentTracker:
 
     reattach_session: Reattach | None = None
     health_probe: HealthProbe | None = None
+    clock: Callable[[], datetime] = _utc_now
     _connected: dict[str, bool] = field(default_factory=dict)
     _surfaces: dict[str, _SessionSurface] = field(default_factory=dict)
 
@@ -271,14 +279,30 @@ class AttachmentTracker:
     # ------------------------------------------------------------------ session facts
 
     def surface_listed(
-        self, transport_session_ref: str, namespaces: Iterable[str], *, at: datetime | None = None
+        self,
+        transport_session_ref: str,
+        namespaces: Iterable[str],
+        *,
+        at: datetime | None = None,
+        owner: object | None = None,
     ) -> SurfaceChange:
-        """The session's ``tools/list`` just included exactly ``namespaces``' tools; returns what changed."""
+        """The session's ``tools/list`` just included exactly ``namespaces``' tools; returns what changed.
+
+        ``at`` defaults to the tracker's clock; ``owner`` (kept when omitted) is what a re-attach of a
+        sessionless ref lists for.
+        """
         now_in = frozenset(namespaces)
         before = self._surfaces.get(transport_session_ref)
         earlier = before.namespaces if before is not None else frozenset()
-        self._surfaces[transport_session_ref] = _SessionSurface(now_in, at)
+        if owner is None and before is not None:
+            owner = before.owner
+        listed_at = at if at is not None else self.clock()
+        self._surfaces[transport_session_ref] = _SessionSurface(now_in, listed_at, owner)
         return SurfaceChange(transport_session_ref, now_in - earlier, earlier - now_in)
+
+    def owner_of(self, transport_session_ref: str) -> object | None:
+        surface = self._surfaces.get(transport_session_ref)
+        return None if surface is None else surface.owner
 
     def session_closed(self, transport_session_ref: str) -> SurfaceChange:
         """Forget the session; everything it had attached is detached."""
@@ -353,6 +377,15 @@ def transport_session_ref(transport_session_id: str) -> str:
     stored or shown; its SHA-256 prefix is.
     """
     return "ts_" + hashlib.sha256(transport_session_id.encode()).hexdigest()[:24]
+
+
+def sessionless_ref(agent: str, agent_session_id: str | None) -> str:
+    """The tracker's reference for one agent's (one agent session's) sessionless requests.
+
+    Each agent gets its own: one agent's surface never proves another's (issue #11 point 8).
+    """
+    key = f"{agent}\x00{agent_session_id or ''}"
+    return "sl_" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 async def persist_surface_change(

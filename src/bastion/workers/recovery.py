@@ -3,7 +3,10 @@
 Runs once, after a takeover claim succeeded with a higher epoch and before the
 gateway serves: executions left ``invoking`` become ``outcome_unknown`` and
 those left ``reserved`` become ``released`` (in one store transaction, under
-the new epoch), each with an audit entry; then every evidence session the
+the new epoch), each with an audit entry whose ``ts`` is when recovery wrote it
+and whose ``detail.last_entry`` names the dead worker's last entry of that call
+(session, seq, hash and ``ts``, the last time the call was known of; ``null``
+when it left none); then every evidence session the
 generation left open is closed with reason ``recovery`` and its claim issued.
 """
 
@@ -15,6 +18,7 @@ from datetime import UTC, datetime
 
 from bastion.audit.chain import ATTESTATION_SEQ, ChainSummary, CloseReason, attestation_entry, close_entry
 from bastion.audit.claim import ClaimProfile, PolicyInForce, issue_claim
+from bastion.audit.earlier import last_entry_of_call
 from bastion.audit.entry import AuditEntry, AuditEvent
 from bastion.audit.recorder import EvidenceRecorder
 from bastion.audit.scope import EvidenceScope
@@ -59,6 +63,8 @@ async def recover_generation(
                     "previous_state": row.previous_state.value,
                     "previous_worker": row.previous_worker,
                     "previous_epoch": row.previous_epoch,
+                    # The dead worker's last entry of this call (its ts: the event's last known time).
+                    "last_entry": await last_entry_of_call(store, row.agent, row.execution_id, row.call_id),
                 },
             )
         await scope.close(CloseReason.RECOVERY)

@@ -30,6 +30,7 @@ from typing import Any
 
 from bastion.errors import Conflict
 from bastion.ids import Epoch, WorkerId
+from bastion.propagation.policy_status import fleet_policy
 from bastion.store.base import AttachmentRecord, GenerationRecord, Store, WorkerRecord
 from bastion.workers.identity import WORKER_ID_RULE, mint_worker_id
 from bastion.workers.liveness import Liveness, PidAlive, liveness_of
@@ -124,6 +125,9 @@ class WorkerView:
     missing_evidence: tuple[str, ...]
     withdraw_reason: str | None
     failure_reason: str | None
+    # Gateways only (#10): the policy snapshot it reported, and whether it is behind the fleet's newest.
+    policy_version: str | None = None
+    policy_behind: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -145,6 +149,8 @@ class WorkerView:
             "missing_identity_evidence": list(self.missing_evidence),
             "withdraw_reason": self.withdraw_reason,
             "failure_reason": self.failure_reason,
+            "policy_version": self.policy_version,
+            "policy_behind": self.policy_behind,
         }
 
 
@@ -175,21 +181,47 @@ def proven_owners(
     return tuple(sorted(owners)) or None
 
 
+def recorded_lease_s(record: WorkerRecord) -> float | None:
+    """The lease the worker's own gateway ran with, as its provenance recorded it (``None``: not recorded)."""
+    lease = record.provenance.get("lease_s")
+    return float(lease) if isinstance(lease, int | float) and lease > 0 else None
+
+
 async def describe_workers(
-    store: Store, *, now: datetime, lease_s: float, pid_alive: PidAlive, this_host: str
+    store: Store,
+    *,
+    now: datetime,
+    lease_s: float | None,
+    pid_alive: PidAlive,
+    this_host: str,
+    default_lease_s: float = 10.0,
 ) -> list[WorkerView]:
-    """Every registered worker as of ``now``, oldest first. Raises :class:`StoreError` if a read fails."""
-    if not lease_s > 0:
+    """Every registered worker as of ``now``, oldest first. Raises :class:`StoreError` if a read fails.
+
+    ``lease_s`` judges every worker; ``None`` judges each with the lease its gateway recorded
+    (``default_lease_s`` where none was recorded), as the gateway itself judges it.
+    """
+    if lease_s is not None and not lease_s > 0:
         raise ValueError("lease_s must be positive")
     workers = await store.list_workers()
     holders = {g.generation: g for g in await store.list_generations()}
     attachments = await store.list_attachments()
     verdicts = {
-        w.worker_id: liveness_of(w, now, lease_s, pid_alive=pid_alive, this_host=this_host) for w in workers
+        w.worker_id: liveness_of(
+            w,
+            now,
+            lease_s if lease_s is not None else (recorded_lease_s(w) or default_lease_s),
+            pid_alive=pid_alive,
+            this_host=this_host,
+        )
+        for w in workers
     }
     live = {worker_id: verdict is Liveness.LIVE for worker_id, verdict in verdicts.items()}
     generation_of = {w.worker_id: w.generation for w in workers}
     cohort_live = Counter(cohort_of(w) for w in workers if live[w.worker_id])
+    policy = fleet_policy(
+        await store.list_policy_reports(), [w.worker_id for w in workers if live[w.worker_id]]
+    )
     views = []
     for worker in workers:
         held = holders.get(worker.generation) if worker.generation is not None else None
@@ -215,6 +247,8 @@ async def describe_workers(
                 missing_evidence=missing,
                 withdraw_reason=worker.withdraw_reason,
                 failure_reason=worker.failure_reason,
+                policy_version=policy.version_of(worker.worker_id),
+                policy_behind=worker.worker_id in policy.behind,
             )
         )
     return views

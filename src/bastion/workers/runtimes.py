@@ -24,7 +24,7 @@ import contextlib
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -74,6 +74,7 @@ class RuntimeRegistry:
         launched_by: WorkerId | None = None,
         host: str | None = None,
         pid_alive: PidAlive = pid_alive,
+        fence: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         if not lease_s > 0 or not heartbeat_s > 0:
             raise ValueError("lease_s and heartbeat_s must be positive")
@@ -85,8 +86,12 @@ class RuntimeRegistry:
         self._launched_by = launched_by
         self._host = host if host is not None else this_host()
         self._pid_alive = pid_alive
+        # Raises StaleEpoch once the launching gateway lost its generation: its runtimes' heartbeats
+        # end with it (issue #11 point 4), so a replacement on that generation can claim their slots.
+        self._fence = fence
         self._running: dict[str, LaunchedRuntime] = {}
         self._events: tuple[MemoryObjectSendStream[_Event], MemoryObjectReceiveStream[_Event]] | None = None
+        self._settled = anyio.Event()
 
     def slot(self, server: str) -> str:
         """The generation a process of ``server`` claims."""
@@ -122,6 +127,7 @@ class RuntimeRegistry:
                 "host": self._host,
                 "config_version": config_version,
                 "cohort": f"upstream:{server_name}",
+                "lease_s": self._lease_s,
             },
             now=self._clock(),
         )
@@ -139,6 +145,7 @@ class RuntimeRegistry:
                 await withdraw_if_dead(
                     self._store, slot, this_host=self._host, pid_alive=self._pid_alive, now=self._clock()
                 )
+                await self._withdraw_if_launcher_superseded(slot)
                 try:
                     return await self._store.claim_generation(
                         slot, worker, now=self._clock(), lease_s=self._lease_s
@@ -146,6 +153,24 @@ class RuntimeRegistry:
                 except Conflict:
                     # Held by a live process this registry did not launch: wait out its lease.
                     await anyio.sleep(min(1.0, self._lease_s / 4))
+
+    async def _withdraw_if_launcher_superseded(self, slot: str) -> None:
+        """A slot's holder launched by a gateway that lost its generation goes with that gateway (#11)."""
+        held = await self._store.get_generation(slot)
+        holder = None if held is None else await self._store.get_worker(held.holder)
+        launcher_id = None if holder is None else holder.provenance.get("launched_by")
+        if holder is None or not isinstance(launcher_id, str):
+            return
+        if holder.withdrawn_at is not None or holder.failed_at is not None:
+            return
+        launcher = await self._store.get_worker(WorkerId(launcher_id))
+        if launcher is None or launcher.generation is None:
+            return
+        current = await self._store.get_generation(launcher.generation)
+        if current is not None and (current.holder != launcher.worker_id or current.epoch != launcher.epoch):
+            await self._store.withdraw_liveness(
+                holder.worker_id, now=self._clock(), reason="its launching gateway was superseded"
+            )
 
     async def mark_failed(self, worker_id: WorkerId, reason: str) -> None:
         """Mark that one identity failed (its slot becomes claimable). Raises :class:`StoreError`."""
@@ -156,7 +181,18 @@ class RuntimeRegistry:
         logger.warning("upstream runtime failed", extra={"worker": worker_id, "reason": reason})
 
     async def heartbeat_once(self) -> None:
-        """Heartbeat every running runtime; one that was superseded or failed is dropped."""
+        """Heartbeat every running runtime; one that was superseded or failed is dropped.
+
+        Nothing is heartbeated once the launching gateway is fenced (``fence`` raises ``StaleEpoch``).
+        """
+        if self._fence is not None:
+            try:
+                await self._fence()
+            except StaleEpoch:
+                return
+            except StoreError as exc:
+                logger.warning("upstream runtime heartbeat skipped: %s", exc.message)
+                return
         for server, running in list(self._running.items()):
             try:
                 await self._store.heartbeat(running.worker, self._clock())
@@ -191,9 +227,22 @@ class RuntimeRegistry:
                 tg.start_soon(self._heartbeat_forever)
                 async for kind, server, pid, config_version in receive:
                     await self._handle(kind, server, pid, config_version)
+                tg.cancel_scope.cancel()  # settle() closed the events: every one is recorded
         finally:
             send.close()
             receive.close()
+            self._settled.set()
+
+    async def settle(self, timeout_s: float = 5.0) -> None:
+        """At shutdown, after the processes stopped: record the events queued so far, then end :meth:`run`.
+
+        Nothing is written after this returns (the store may close next).
+        """
+        if self._events is None:
+            return
+        self._events[0].close()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(timeout_s):
+            await self._settled.wait()
 
     def _event_streams(self) -> tuple[MemoryObjectSendStream[_Event], MemoryObjectReceiveStream[_Event]]:
         if self._events is None:

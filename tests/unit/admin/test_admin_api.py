@@ -24,7 +24,8 @@ from starlette.applications import Starlette
 
 from bastion.admin.api import admin_routes
 from bastion.auth.agent_session import StoreBearerAuth, token_digest
-from bastion.cli.agent_session_cmd import add_agent_session_parser, run_agent_session
+from bastion.cli.agent_session_cmd import run_agent_session
+from bastion.cli.main import _parser
 from bastion.errors import AgentSessionExpired, AgentSessionRevoked, Unauthenticated
 from bastion.store.base import AgentSessionRecord
 from bastion.store.sqlite import SqliteStore
@@ -425,9 +426,8 @@ async def test_errors_are_json_with_a_reason(admin: Admin) -> None:
 
 
 def cli(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="bastion")
-    add_agent_session_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(list(argv))
+    """Arguments as ``bastion`` itself parses them (cli/main.py), never a parser built here."""
+    return _parser().parse_args(list(argv))
 
 
 async def test_cli_drives_the_admin_api(tmp_path: Path) -> None:

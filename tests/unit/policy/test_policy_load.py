@@ -364,6 +364,12 @@ INVALID = [
         id="origin-with-trailing-slash",
     ),
     pytest.param(
+        '[gateway]\nallowed_hosts = ["https://mcp.example.com"]\n' + MINIMAL,
+        "gateway.allowed_hosts[0]",
+        "no scheme",
+        id="host-with-a-scheme",
+    ),
+    pytest.param(
         '[servers.notes]\ncommand = "python"\nurl = "http://127.0.0.1:9000/mcp"\n',
         "servers.notes",
         "both url and command",

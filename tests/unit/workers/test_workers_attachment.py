@@ -58,7 +58,7 @@ CASES = [
     pytest.param(MISSING, NamespaceNotAttached, "connected_namespace_missing", id="connected-missing"),
     pytest.param(NEVER_LISTED, NamespaceNotAttached, "connected_namespace_missing", id="never-listed"),
     pytest.param(
-        ATTACHED_NOT_CONNECTED, AttachmentContradictory, "attachment_contradictory", id="attached-down"
+        ATTACHED_NOT_CONNECTED, NamespaceNotConnected, "required_namespace_not_connected", id="attached-down"
     ),
     pytest.param(
         SOURCES_DISAGREE, AttachmentContradictory, "attachment_contradictory", id="sources-disagree"
@@ -110,26 +110,29 @@ def test_the_worst_condition_is_raised_and_every_condition_is_listed() -> None:
     evidence = {
         "a": AttachmentEvidence("a", connected=True, attached=False),
         "b": AttachmentEvidence("b", connected=False, attached=None),
-        "c": AttachmentEvidence("c", connected=False, attached=True),
+        "c": SOURCES_DISAGREE,
         "d": ATTACHED,
+        "e": AttachmentEvidence("e", connected=False, attached=True),
     }
     with pytest.raises(AttachmentContradictory) as caught:
-        check_attachment({"a", "b", "c", "d"}, evidence, tool_read_only=False)
+        check_attachment({"a", "b", "c", "d", "e"}, evidence, tool_read_only=False)
     assert caught.value.data["namespaces"] == ["c"]
     assert {ns: c["condition"] for ns, c in caught.value.data["namespace_conditions"].items()} == {
         "a": "connected_namespace_missing",
         "b": "required_namespace_not_connected",
         "c": "attachment_contradictory",
+        "e": "required_namespace_not_connected",
     }
     with pytest.raises(NamespaceNotConnected):
         check_attachment({"a", "b"}, evidence, tool_read_only=False)
 
 
 def test_contradictions_name_what_disagrees() -> None:
-    """Evidence explains its contradictions: disagreeing sources, or attached without a connection."""
+    """Evidence explains its contradictions (disagreeing sources); attached but down is an outage, not one."""
     assert SOURCES_DISAGREE.connected is None and SOURCES_DISAGREE.attached is True
     assert SOURCES_DISAGREE.contradictions() == ("sources disagree on connected",)
-    assert ATTACHED_NOT_CONNECTED.contradictions() == ("attached to the session but not connected",)
+    assert ATTACHED_NOT_CONNECTED.contradictions() == ()
+    assert condition_of(ATTACHED_NOT_CONNECTED) is NamespaceNotConnected
     forged = AttachmentEvidence(
         "notes", True, True, (Observation(Source.SESSION_SURFACE, Fact.ATTACHED, False),)
     )
@@ -230,8 +233,8 @@ async def test_a_failing_reattach_leaves_the_gate_closed() -> None:
         tracker.check(REF, {"notes"}, tool_read_only=False)
 
 
-def test_stale_surface_after_a_disconnect_is_contradictory_and_health_disagreement_too() -> None:
-    """Attached but the upstream went down is contradictory; so is an event the health probe denies."""
+def test_an_outage_after_attachment_is_not_connected_and_health_disagreement_is_contradictory() -> None:
+    """Attached then down is an outage (not connected); an event the health probe denies contradicts."""
     health: dict[str, bool | None] = {"notes": True}
     tracker = AttachmentTracker(health_probe=health.get)
     tracker.upstream_connected("notes")
@@ -242,7 +245,7 @@ def test_stale_surface_after_a_disconnect_is_contradictory_and_health_disagreeme
         tracker.check(REF, {"notes"}, tool_read_only=False)
     health["notes"] = None
     tracker.upstream_disconnected("notes")
-    with pytest.raises(AttachmentContradictory):
+    with pytest.raises(NamespaceNotConnected):
         tracker.check(REF, {"notes"}, tool_read_only=False)
 
 

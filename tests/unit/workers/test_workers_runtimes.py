@@ -187,3 +187,63 @@ async def test_the_process_hook_registers_and_fails_in_order(
     # After run() ended, the hook must never raise into the stdio supervisor.
     hook("exited", upstream)
     hook("ignored-kind", FakeStdio("notes", None))
+
+
+async def _gateway(store: Store, clock: Clock, generation: str) -> WorkerId:
+    record = await register_identity(
+        store,
+        "gateway",
+        WorkerRole.GATEWAY,
+        {"pid": os.getpid(), "host": HOST, "started_by": "pytest", "config_version": "cfg"},
+        now=clock.now,
+    )
+    await store.claim_generation(generation, record.worker_id, now=clock.now, lease_s=LEASE_S)
+    return record.worker_id
+
+
+async def test_runtime_heartbeats_end_with_the_launching_gateway_s_epoch(
+    store: SqliteStore, clock: Clock
+) -> None:
+    """Once the launching gateway is fenced, its runtimes are heartbeated no more (they expire with it)."""
+    fenced = anyio.Event()
+
+    async def fence() -> None:
+        if fenced.is_set():
+            raise StaleEpoch()
+
+    runtimes = RuntimeRegistry(
+        store, clock=clock, lease_s=LEASE_S, heartbeat_s=LEASE_S / 3, owner="g1", host=HOST, fence=fence
+    )
+    notes, _ = await runtimes.register_launch("notes", 101, "cfg")
+    clock.advance(1)
+    await runtimes.heartbeat_once()
+    beaten_at = clock.now
+    fenced.set()
+    clock.advance(1)
+    await runtimes.heartbeat_once()
+    after = await store.get_worker(notes)
+    assert after is not None and after.heartbeat_at == beaten_at
+
+
+async def test_a_replacement_gateway_takes_the_runtime_slot_of_a_superseded_one_at_once(
+    store: SqliteStore, clock: Clock
+) -> None:
+    """A runtime whose launching gateway lost its generation is withdrawn; the new launch claims its slot."""
+    old_gateway = await _gateway(store, clock, "g1")
+    old = RuntimeRegistry(
+        store, clock=clock, lease_s=LEASE_S, heartbeat_s=1, owner="g1", launched_by=old_gateway, host=HOST
+    )
+    stale_runtime, _ = await old.register_launch("notes", os.getpid(), "cfg")  # a live PID
+    # The old gateway stops heartbeating (paused); after its lease a replacement claims g1 at epoch 2,
+    # while the old runtime's record is kept fresh (the race of issue #11 point 4).
+    clock.advance(LEASE_S + 1)
+    await store.heartbeat(stale_runtime, clock.now)
+    new_gateway = await _gateway(store, clock, "g1")
+    new = RuntimeRegistry(
+        store, clock=clock, lease_s=LEASE_S, heartbeat_s=1, owner="g1", launched_by=new_gateway, host=HOST
+    )
+    with anyio.fail_after(5):
+        fresh, epoch = await new.register_launch("notes", 102, "cfg")
+    withdrawn = await store.get_worker(stale_runtime)
+    assert epoch == 2 and fresh != stale_runtime
+    assert withdrawn is not None and withdrawn.withdraw_reason == "its launching gateway was superseded"

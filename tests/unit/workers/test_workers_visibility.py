@@ -7,11 +7,13 @@ loopback socket for the CLI), on a real SQLite store; the clock is injected.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
@@ -24,7 +26,8 @@ from workers_support import HOST, LEASE_S, T0, Clock
 from bastion.admin.api import AdminGate
 from bastion.admin.workers import worker_routes
 from bastion.auth.agent_session import token_digest
-from bastion.cli.workers_cmd import COLUMNS, add_workers_parser, run_workers
+from bastion.cli.main import _parser, main
+from bastion.cli.workers_cmd import COLUMNS, run_workers
 from bastion.store.sqlite import SqliteStore
 from bastion.testing.loopback import serve_on_loopback
 from bastion.workers.attachment import AttachmentTracker
@@ -149,14 +152,15 @@ async def test_session_attachments_show_both_facts_and_the_records(
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="bastion")
-    add_workers_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["workers", *argv])
+    # Only for the test that injects an HTTP client: the parser is bastion's own (cli/main.py).
+    return _parser().parse_args(["workers", *argv])
 
 
-def run(args: argparse.Namespace) -> tuple[int, str, str]:
+def run(*argv: str) -> tuple[int, str, str]:
+    """``bastion workers ARGV`` through the real entry point: exit status, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
-    code = run_workers(args, out=out, err=err)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["workers", *argv])
     return code, out.getvalue(), err.getvalue()
 
 
@@ -165,7 +169,7 @@ async def test_cli_reads_the_store_file_directly(store: SqliteStore, tmp_path: P
     fleet = await populate(store)
     # Liveness is judged now (wall clock) against these T0 records: a huge lease keeps them live.
     code, out, err = await anyio.to_thread.run_sync(
-        lambda: run(parse("--data-dir", str(tmp_path), "--lease-s", "1e10"))
+        lambda: run(*("--data-dir", str(tmp_path), "--lease-s", "1e10"))
     )
     assert (code, err) == (0, "")
     header, *rows = out.splitlines()
@@ -175,7 +179,7 @@ async def test_cli_reads_the_store_file_directly(store: SqliteStore, tmp_path: P
     assert "unproven" in by_identity[fleet.idle].split()
     assert "started_by=pytest" in by_identity[fleet.gateway]
 
-    code, out, _ = await anyio.to_thread.run_sync(lambda: run(parse("--data-dir", str(tmp_path), "--json")))
+    code, out, _ = await anyio.to_thread.run_sync(lambda: run(*("--data-dir", str(tmp_path), "--json")))
     assert code == 0 and {w["worker_id"] for w in json.loads(out)["workers"]} == {
         fleet.gateway,
         fleet.runtime,
@@ -185,9 +189,9 @@ async def test_cli_reads_the_store_file_directly(store: SqliteStore, tmp_path: P
 
 def test_cli_refuses_unusable_arguments(tmp_path: Path) -> None:
     """No store there (never created), or --url without a token file: exit 2 and nothing created."""
-    code, _, err = run(parse("--data-dir", str(tmp_path / "nowhere")))
+    code, _, err = run("--data-dir", str(tmp_path / "nowhere"))
     assert code == 2 and "no store" in err and not (tmp_path / "nowhere").exists()
-    code, _, err = run(parse("--url", "http://127.0.0.1:9"))
+    code, _, err = run("--url", "http://127.0.0.1:9")
     assert code == 2 and "--admin-token-file" in err
     with pytest.raises(SystemExit):
         parse("--url", "http://x", "--data-dir", str(tmp_path))
@@ -205,11 +209,11 @@ async def test_cli_reads_a_running_gateway_through_the_admin_api(
     app = app_for(store, clock, AttachmentTracker(), token_digest(ADMIN_TOKEN))
     async with serve_on_loopback(app) as url:
         code, out, _ = await anyio.to_thread.run_sync(
-            lambda: run(parse("--url", url, "--admin-token-file", str(token_file)))
+            lambda: run("--url", url, "--admin-token-file", str(token_file))
         )
         assert code == 0 and fleet.runtime in out and "ts_a" in out
         code, _, err = await anyio.to_thread.run_sync(
-            lambda: run(parse("--url", url, "--admin-token-file", str(wrong_file)))
+            lambda: run("--url", url, "--admin-token-file", str(wrong_file))
         )
         assert code == 1 and "credential_invalid" in err
 
@@ -263,3 +267,20 @@ async def test_reattach_is_the_sanctioned_recovery_over_the_admin_api(
     ) as c:
         answer = await c.post("/admin/sessions/ts_a/reattach", json={"namespace": "notes"})
         assert answer.status_code == 409 and answer.json()["error"]["reason"] == "reattach_unavailable"
+
+
+async def test_cli_judges_liveness_with_the_lease_each_gateway_recorded(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    """Without --lease-s, `workers --data-dir` judges each worker by the lease its gateway recorded."""
+    now = datetime.now(UTC)
+    short = await register_identity(
+        store, "gateway", WorkerRole.GATEWAY, {**EVIDENCE, "lease_s": 1.0}, now=now - timedelta(seconds=5)
+    )
+    long = await register_identity(
+        store, "gateway", WorkerRole.GATEWAY, {**EVIDENCE, "lease_s": 600.0}, now=now - timedelta(seconds=60)
+    )
+    code, out, err = await anyio.to_thread.run_sync(lambda: run("--data-dir", str(tmp_path), "--json"))
+    assert (code, err) == (0, "")
+    liveness = {w["worker_id"]: w["liveness"] for w in json.loads(out)["workers"]}
+    assert liveness == {short.worker_id: "expired", long.worker_id: "live"}

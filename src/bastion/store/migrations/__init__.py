@@ -15,12 +15,14 @@ from bastion.store.migrations import (
     postgres_0001_initial,
     postgres_0002_token_buckets,
     postgres_0003_entries_by_execution,
+    postgres_0004_replicas,
     sqlite_0001_initial,
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
     sqlite_0004_worker_registry,
     sqlite_0005_token_buckets,
     sqlite_0006_entries_by_execution,
+    sqlite_0007_replicas,
 )
 
 __all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS", "Migration"]
@@ -40,12 +42,14 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "worker_registry", sqlite_0004_worker_registry.STATEMENTS),
     Migration(5, "token_buckets", sqlite_0005_token_buckets.STATEMENTS),
     Migration(6, "entries_by_execution", sqlite_0006_entries_by_execution.STATEMENTS),
+    Migration(7, "replicas", sqlite_0007_replicas.STATEMENTS),
 )
 
 POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", postgres_0001_initial.STATEMENTS),
     Migration(2, "token_buckets", postgres_0002_token_buckets.STATEMENTS),
     Migration(3, "entries_by_execution", postgres_0003_entries_by_execution.STATEMENTS),
+    Migration(4, "replicas", postgres_0004_replicas.STATEMENTS),
 )
 
 # Each list is dense and ordered: migration n sits at index n - 1.

@@ -1,0 +1,104 @@
+"""Apply what other replicas did, and tell them what only they can act on (DESIGN sections 1, 5, 7; #10).
+
+One :class:`ReplicaFollower` per gateway. It applies each change of the feed:
+
+- ``agent_session_revoked``: if this replica serves that agent session (a
+  transport session, or a sessionless request in flight), end it here: the
+  same audited operation as a revocation made here.
+- ``transport_session_terminated``: close this replica's share of the
+  session (its in-flight calls cancelled, its upstream sessions and its
+  evidence session closed) with the reason the terminating replica gave.
+- ``request_cancelled`` / ``client_replied``: a session-era client's
+  ``notifications/cancelled``, or its answer to a server-to-client request,
+  reached a replica that does not hold the request. That replica publishes
+  it (``session/shared.py``: ``forward_cancel``, ``forward_reply``); the one
+  holding it applies it here. Both name the transport session by its store key and reach
+  only that session's own tables, so isolation (DESIGN section 5) holds
+  across replicas as it does within one.
+- ``policy_reloaded``: another replica reloaded its configuration: reload
+  ours, so the fleet converges; a replica whose file differs shows as behind
+  (``propagation/policy_status.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bastion.errors import ConfigError
+from bastion.ids import WorkerId
+from bastion.session.registry import SessionRegistry
+from bastion.session.state import TransportSession
+from bastion.store.replicas import Change, ChangeKind, ReplicaRecords
+
+__all__ = ["ReplicaFollower"]
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaFollower:
+    """Applies the change feed to this gateway, and publishes what another replica must apply."""
+
+    def __init__(
+        self,
+        store: ReplicaRecords,
+        registry: SessionRegistry,
+        *,
+        worker: Callable[[], WorkerId | None],
+        revoked: Callable[[str], Awaitable[None]],
+        close_locally: Callable[[TransportSession, str], Awaitable[None]],
+        reload_policy: Callable[[], Awaitable[Any]],
+        policy_version: Callable[[], str],
+    ) -> None:
+        self._store = store
+        self._registry = registry
+        self._worker = worker
+        self._revoked = revoked
+        self._close_locally = close_locally
+        self._reload_policy = reload_policy
+        self._policy_version = policy_version
+
+    async def apply(self, change: Change) -> None:
+        own = change.origin is not None and change.origin == self._worker()
+        if change.kind is ChangeKind.AGENT_SESSION_REVOKED:
+            await self._revoked(change.subject)
+        elif change.kind is ChangeKind.TRANSPORT_SESSION_TERMINATED:
+            transport_session = self._registry.by_key(change.subject)
+            if transport_session is not None:
+                reason = (change.detail or {}).get("reason", "client_delete")
+                await self._close_locally(transport_session, str(reason))
+        elif change.kind is ChangeKind.REQUEST_CANCELLED and not own:
+            self._apply_cancel(change)
+        elif change.kind is ChangeKind.CLIENT_REPLIED and not own:
+            self._apply_reply(change)
+        elif (
+            change.kind is ChangeKind.POLICY_RELOADED and not own and change.subject != self._policy_version()
+        ):
+            try:
+                await self._reload_policy()
+            except ConfigError as exc:
+                logger.error(
+                    "policy reload at a peer not followed here; the last valid snapshot stays",
+                    extra={"error": exc.message, "peer_version": change.subject},
+                )
+
+    def _apply_cancel(self, change: Change) -> None:
+        transport_session = self._registry.by_key(change.subject)
+        request_id = (change.detail or {}).get("request_id")
+        if transport_session is None or not isinstance(request_id, str | int):
+            return
+        call = transport_session.in_flight.get(request_id)
+        if call is not None and call.method != "initialize":
+            call.cancel_scope.cancel()
+
+    def _apply_reply(self, change: Change) -> None:
+        transport_session = self._registry.by_key(change.subject)
+        detail = change.detail or {}
+        relay_id, reply = detail.get("relay_id"), detail.get("reply")
+        if transport_session is None or not isinstance(relay_id, str) or not isinstance(reply, dict):
+            return
+        pending = transport_session.client_requests.get(relay_id)
+        if pending is not None and not pending.done.is_set():
+            pending.reply = reply
+            pending.done.set()
