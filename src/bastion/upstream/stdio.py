@@ -82,6 +82,7 @@ class StdioUpstream:
         self.namespace = spec.namespace
         self.era = UpstreamEra.SESSION
         self._on_list_changed = on_list_changed
+        self.server_capabilities: dict[str, Any] = {}
         self._backoff = restart_backoff_s
         self._on_process_event = on_process_event
         self._ids = itertools.count(1)
@@ -186,6 +187,9 @@ class StdioUpstream:
                 RequestRelay(None, None),
                 {},
             )
+            capabilities = result.get("capabilities")
+            # What it offers (resources, prompts, completions: issue 9).
+            self.server_capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
             if result.get("protocolVersion") not in HANDSHAKE_VERSIONS:
                 raise UpstreamProtocolError(
                     f"upstream {self.name} negotiated {result.get('protocolVersion')!r}"

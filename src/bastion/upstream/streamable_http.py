@@ -131,6 +131,8 @@ class HttpUpstream:
         self._param_maps: dict[str, dict[tuple[str, ...], str]] = {}
         self._parked = ParkedRounds()
         self.on_transport_error: Callable[[], None] | None = None
+        # What the upstream offers (resources, prompts, completions: issue 9), learned at negotiation.
+        self.server_capabilities: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -161,12 +163,15 @@ class HttpUpstream:
                 return
             if self.spec.era == "sessionless":
                 self._become_sessionless_era()
+                with contextlib.suppress(UpstreamReplied, UpstreamProtocolError):
+                    self._learn_capabilities(await self._modern_request("server/discover", {}, None, {}))
                 return
             try:
                 result = await self._modern_request("server/discover", {}, None, {})
             except (UpstreamReplied, UpstreamProtocolError):
                 result = None
             if result is not None and MODERN_VERSION in (result.get("supportedVersions") or []):
+                self._learn_capabilities(result)
                 try:
                     await self._become_session_era()
                     self.speaks_session = True
@@ -176,8 +181,13 @@ class HttpUpstream:
                 return
             await self._become_session_era()
 
+    def _learn_capabilities(self, result: dict[str, Any]) -> None:
+        capabilities = result.get("capabilities")
+        self.server_capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
+
     async def _become_session_era(self) -> None:
         self._catalog = await self._open_session({})
+        self.server_capabilities = dict(self._catalog.server_capabilities)
         self.era = UpstreamEra.SESSION
         if self._on_list_changed is not None and self._task_group is not None:
             self._task_group.start_soon(self._watch_catalog, self._catalog)
