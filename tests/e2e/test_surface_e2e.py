@@ -218,3 +218,28 @@ def _principal(agent: str) -> Any:
     from bastion.ids import AgentId
 
     return Principal(agent=AgentId(agent))
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_transparent_server_keeps_its_uris_and_prompt_names_beside_a_sessionless_upstream(
+    tmp_path: Path, http_surface: str, mode: str
+) -> None:
+    """Transparent ``a`` keeps ``doc://readme`` and ``greet``; ``b``, pinned sessionless, stays mapped."""
+    config = _config(http_surface, grants=False)
+    config["servers"]["a"]["transparent"] = True
+    config["servers"]["b"]["era"] = "sessionless"
+    async with _gateway(tmp_path, config) as running, running.client(mode=mode) as client:
+        templates = await client.list_resource_templates(cache_mode="refresh")
+        assert sorted(t.uri_template for t in templates.resource_templates) == [
+            "bastion://b/doc://pages/{page}",
+            "doc://pages/{page}",
+        ]
+        mine = await client.read_resource("doc://readme")
+        theirs = await client.read_resource("bastion://b/doc://readme")
+        assert (_text(mine.contents[0]), _text(theirs.contents[0])) == ("readme of a", "readme of b")
+        assert str(mine.contents[0].uri) == "doc://readme"
+        prompts = await client.list_prompts(cache_mode="refresh")
+        assert sorted(p.name for p in prompts.prompts) == ["b__greet", "b__internal", "greet", "internal"]
+        got = await client.get_prompt("greet", {"name": "ada"})
+    content = got.messages[0].content
+    assert isinstance(content, TextContent) and content.text == "hello ada from a"
