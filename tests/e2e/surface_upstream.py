@@ -3,7 +3,8 @@
 Two of them behind one gateway collide on purpose: the same URIs (``doc://readme``,
 ``doc://pages/{page}``) and the same prompt names (``greet``). ``resources/list`` is
 paginated two resources a page, so a gateway page ends where this upstream's does.
-``--label`` goes into every text, so a test sees which upstream answered.
+``--label`` goes into every text, so a test sees which upstream answered. The tool
+``grow_prompt`` adds a prompt and announces ``prompts/list_changed``.
 
     python -m tests.e2e.surface_upstream --label a            # stdio
     python -m tests.e2e.surface_upstream --label b --http     # prints LISTENING <url>
@@ -16,7 +17,7 @@ import warnings
 from typing import Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import Completion, ListResourcesResult, PaginatedRequestParams
 
 from bastion.examples.tools_server import MCP_PATH, serve_announced
@@ -55,6 +56,13 @@ def build_server(label: str) -> MCPServer[Any]:
     async def complete(ref: Any, argument: Any, context: Any) -> Completion:
         values = [w for w in (f"{label}-alpha", f"{label}-beta") if w.startswith(argument.value)]
         return Completion(values=values, total=len(values), has_more=False)
+
+    @server.tool(description="Adds a prompt at run time and announces prompts/list_changed.")
+    async def grow_prompt(name: str, ctx: Context) -> str:
+        server.prompt(name=name)(lambda: f"{name} of {label}")
+        await ctx.session.send_prompt_list_changed()  # session era
+        await ctx.notify_prompts_changed()  # 2026: its subscriptions/listen streams
+        return f"added {name}"
 
     async def list_paged(ctx: Any, params: PaginatedRequestParams | None) -> ListResourcesResult:
         everything = await server.list_resources()

@@ -15,10 +15,17 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import orjson
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp.types import PromptReference, ResourceTemplateReference, TextContent, TextResourceContents
+from mcp.shared.subscriptions import PromptsListChanged
+from mcp.types import (
+    PromptReference,
+    ResourceTemplateReference,
+    TextContent,
+    TextResourceContents,
+)
 
 from bastion.app import create_app
 from bastion.auth.bearer import hash_token
@@ -243,3 +250,42 @@ async def test_a_transparent_server_keeps_its_uris_and_prompt_names_beside_a_ses
         got = await client.get_prompt("greet", {"name": "ada"})
     content = got.messages[0].content
     assert isinstance(content, TextContent) and content.text == "hello ada from a"
+
+
+async def test_an_upstream_prompts_list_changed_reaches_the_client_and_the_catalog_grows(
+    gateway: RunningGateway,
+) -> None:
+    """A stdio upstream adds a prompt at run time: the client is told; the new prompt is listed and served."""
+    changed = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if getattr(message, "method", None) == "notifications/prompts/list_changed":
+            changed.set()
+
+    async with gateway.client(message_handler=on_message) as client:
+        assert client.server_capabilities.prompts is not None
+        assert client.server_capabilities.prompts.list_changed is True
+        grown = await client.call_tool("a__grow_prompt", {"name": "fresh"})
+        assert not grown.is_error, grown
+        with anyio.fail_after(15):
+            await changed.wait()
+        listed = {p.name for p in (await client.list_prompts(cache_mode="refresh")).prompts}
+        got = await client.get_prompt("a__fresh")
+    assert "a__fresh" in listed and "b__fresh" not in listed
+    content = got.messages[0].content
+    assert isinstance(content, TextContent) and content.text == "fresh of a"
+
+
+async def test_a_prompts_list_changed_reaches_a_sessionless_listen_stream(gateway: RunningGateway) -> None:
+    """A 2026 client listening for promptsListChanged hears an upstream's prompts/list_changed."""
+    async with (
+        gateway.client(mode="auto") as client,
+        client.listen(prompts_list_changed=True) as subscription,
+    ):
+        assert subscription.honored.prompts_list_changed is True
+        await client.call_tool("b__grow_prompt", {"name": "later"})
+        with anyio.fail_after(15):
+            event = await subscription.__anext__()
+        listed = {p.name for p in (await client.list_prompts(cache_mode="refresh")).prompts}
+    assert isinstance(event, PromptsListChanged)
+    assert "b__later" in listed

@@ -33,9 +33,9 @@ def surface_capabilities(fleet: UpstreamFleet, snapshot: Snapshot, principal: Pr
         completions = completions or (bool(here) and fleet.offers(server, "completions"))
     offered: dict[str, Any] = {}
     if SurfaceKind.RESOURCE in reachable:
-        offered["resources"] = {}
+        offered["resources"] = {"listChanged": True}
     if SurfaceKind.PROMPT in reachable:
-        offered["prompts"] = {}
+        offered["prompts"] = {"listChanged": True}
     if completions:
         offered["completions"] = {}
     return offered

@@ -44,6 +44,7 @@ class UpstreamFleet:
         snapshot: Snapshot,
         *,
         on_namespace_changed: NamespaceChanged | None = None,
+        on_surface_changed: Callable[[str, str], Awaitable[None]] | None = None,
         on_process_event: Callable[[str, Any], None] | None = None,
         health_schedule: HealthSchedule | None = None,
     ) -> None:
@@ -60,6 +61,10 @@ class UpstreamFleet:
         self.upstreams: dict[str, Upstream] = {
             name: self._build(spec) for name, spec in snapshot.servers.items()
         }
+        self._on_surface_changed = on_surface_changed
+        for upstream in self.upstreams.values():
+            if isinstance(upstream, HttpUpstream | StdioUpstream):
+                upstream.on_surface_changed = self._surface_changed
         self._tools_by_server: dict[str, list[ToolEntry]] = {name: [] for name in self.upstreams}
         self._catalog: Mapping[str, ToolEntry] = MappingProxyType({})
         self.skipped_tools: list[str] = []
@@ -245,6 +250,13 @@ class UpstreamFleet:
             # transparent server's names have no prefix at all.
             self._skipped_by_server[name] = skipped
             self.skipped_tools = [tool for tools in self._skipped_by_server.values() for tool in tools]
+
+    async def _surface_changed(self, server: str, method: str) -> None:
+        """An upstream's prompts or resources changed: refresh the prompt catalog, then tell clients."""
+        if method == "notifications/prompts/list_changed":
+            await self.refresh_prompts(server)
+        if self._on_surface_changed is not None:
+            await self._on_surface_changed(server, method)
 
     async def _list_changed(self, server: str) -> None:
         await self.refresh_server(server)

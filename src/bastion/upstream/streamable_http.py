@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ from bastion.errors import (
 )
 from bastion.policy.snapshot import ServerSpec
 from bastion.upstream.base import (
+    SURFACE_LIST_CHANGED,
     CallContext,
     ClientDeclined,
     ListChangedCallback,
@@ -133,6 +134,8 @@ class HttpUpstream:
         self.on_transport_error: Callable[[], None] | None = None
         # What the upstream offers (resources, prompts, completions: issue 9), learned at negotiation.
         self.server_capabilities: dict[str, Any] = {}
+        # Set by the fleet: prompts/resources list_changed from this upstream (issue 9).
+        self.on_surface_changed: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -609,6 +612,10 @@ class HttpUpstream:
         return reconnect
 
     async def _on_stream_notification(self, method: str, params: dict[str, Any], relay: RequestRelay) -> None:
+        if method in SURFACE_LIST_CHANGED:
+            if self.on_surface_changed is not None and self._task_group is not None:
+                self._task_group.start_soon(self.on_surface_changed, self.name, method)
+            return
         if method == "notifications/tools/list_changed":
             if self._on_list_changed is not None and self._task_group is not None:
                 self._task_group.start_soon(self._on_list_changed, self.name)
@@ -702,6 +709,8 @@ class HttpUpstream:
                             and self._on_list_changed
                         ):
                             await self._on_list_changed(self.name)
+                        elif message.get("method") in SURFACE_LIST_CHANGED and self.on_surface_changed:
+                            await self.on_surface_changed(self.name, message["method"])
             except (httpx.HTTPError, UpstreamProtocolError):
                 pass
             await anyio.sleep(backoff)
