@@ -47,6 +47,7 @@ from typing import Any
 
 import httpx
 
+import engines
 from loadgen import CallError, Mode, PhaseResult, Target, run_phase
 from procs import Child, StartFailed, cpu_seconds, free_port
 
@@ -95,6 +96,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="every call through bastion carries a fresh params._cmcp.execution_id",
     )
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="also measure a bastion on PostgreSQL (a throwaway durable cluster unless --store is given)"
+        " and count store operations per governed call on each engine",
+    )
+    parser.add_argument(
+        "--store", help="with --postgres: this postgresql:// database instead of a throwaway one"
+    )
+    parser.add_argument(
+        "--store-ops-calls", type=int, default=500, help="with --postgres: calls per engine count"
+    )
     parser.add_argument("--start-timeout", type=float, default=30.0, help="seconds to wait for readiness")
     parser.add_argument("--call-timeout", type=float, default=30.0, help="seconds per HTTP request")
     parser.add_argument("--phase-timeout", type=float, default=600.0, help="seconds per measured phase")
@@ -102,8 +115,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.sessions < 1 or args.calls < 1 or args.latency_calls < 1 or args.rounds < 1:
         parser.error("--sessions, --calls, --latency-calls and --rounds must be at least 1")
-    if args.direct_only and (args.audit_off_too or args.execution_ids):
-        parser.error("--audit-off-too and --execution-ids need bastion; drop --direct-only")
+    if args.direct_only and (args.audit_off_too or args.execution_ids or args.postgres):
+        parser.error("--audit-off-too, --execution-ids and --postgres need bastion; drop --direct-only")
+    if args.store and not args.postgres:
+        parser.error("--store is for --postgres")
     return args
 
 
@@ -466,6 +481,8 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
         bastion: Child | None = None
         audit_off_target: Target | None = None
         audit_off: Child | None = None
+        postgres_target: Target | None = None
+        on_postgres: Child | None = None
         if not args.direct_only:
             token = secrets.token_urlsafe(32)
             config = temp / "bastion.toml"
@@ -485,6 +502,14 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                     "--unsafe-no-audit",
                 )
                 children.append(audit_off)
+            if args.postgres:
+                # Own port, own data dir (keys only); the state lives in PostgreSQL.
+                store_url = engines.postgres_url(args, temp)
+                on_postgres, postgres_target = start_bastion(
+                    args, temp, config, token, "through-postgres", "bastion-postgres", "data-postgres",
+                    "--store", store_url, "--generation", "bench-postgres",
+                )  # fmt: skip
+                children.append(on_postgres)
 
         # Each phase watches the upstream and the one Bastion it goes through (as "bastion").
         plan: list[tuple[str, Target, dict[str, int]]] = [
@@ -500,6 +525,14 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                     "through bastion, audit off",
                     audit_off_target,
                     {"upstream": upstream.pid, "bastion": audit_off.pid},
+                )
+            )
+        if postgres_target is not None and on_postgres is not None:
+            plan.append(
+                (
+                    "through bastion, postgres",
+                    postgres_target,
+                    {"upstream": upstream.pid, "bastion": on_postgres.pid},
                 )
             )
         measured: list[list[Measured]] = [[] for _ in plan]
@@ -537,18 +570,30 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                 results["compared_audit_off"] = ratios(results["direct"], results["through_audit_off"])
                 audit = audit_ratios(results["through"], results["through_audit_off"])
                 results["compared_audit"] = audit
+            if on_postgres is not None:
+                results["bastion_postgres_ready_s"] = round(on_postgres.ready_after_s, 3)
+                results["through_postgres"] = fold(measured[-1])
+                results["compared_postgres"] = ratios(results["direct"], results["through_postgres"])
+                results["postgres_vs_sqlite"] = engines.engine_ratios(
+                    results["through"], results["through_postgres"]
+                )
+                print("counting store operations per governed call ...", file=sys.stderr, flush=True)
+                results["store_ops_per_call"] = await engines.store_ops_both(
+                    args, temp, upstream_url, mode, engines.postgres_url(args, temp)
+                )
             results["targets"] = verdicts(
                 results["compared"], results["through"], bastion.ready_after_s, audit
             )
         errors = sum(
             results[key]["headline"]["errors"]
-            for key in ("direct", "through", "through_audit_off")
+            for key in ("direct", "through", "through_audit_off", "through_postgres")
             if key in results
         )
         return results, (1 if errors else 0)
     finally:
         for child in reversed(children):
             child.stop()
+        engines.stop_postgres()
 
 
 def print_log_tails(temp: Path, lines: int = 30) -> None:
@@ -575,6 +620,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2) + "\n")
         print(render_table(results, args))
+        if "through_postgres" in results:
+            print("\n" + engines.render_engines(results))
         print(f"\nwrote {out}")
         if status:
             print("bench: some calls failed; see first_error in the JSON", file=sys.stderr)

@@ -343,9 +343,13 @@ class ToolCallPath:
                 except StoreError as exc:
                     failures.append(exc)
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(mark_invoking)
-                tg.start_soon(audit_invoking)
+            # Shielded: a cancellation that lands while the mark commits would otherwise leave a
+            # durable "invoking" row that no outcome follows. Cancellation is taken at the send
+            # instead, inside send_and_settle, which records it as outcome_unknown.
+            with anyio.CancelScope(shield=True):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(mark_invoking)
+                    tg.start_soon(audit_invoking)
             if failures:
                 # Nothing was sent. The row stays as the store left it (reserved or invoking):
                 # refused until recovery settles it, never guessed into permission.

@@ -597,6 +597,9 @@ class Gateway:
         one ``revocation`` audit entry listing what it ended. Idempotent.
         """
         self._cut_agent_sessions.add(record.agent_session_id)
+        # Marked before the first await: the change feed may report this same revocation while it is
+        # being applied here, and must not apply (and audit) it a second time.
+        self._applied_revocations.add(record.agent_session_id)
         ended = [t for t in self.registry if t.principal.agent_session_id == record.agent_session_id]
         in_flight = sum(len(t.in_flight) for t in ended)
         evidence_closed: list[str] = []
@@ -630,7 +633,6 @@ class Gateway:
         except StoreError as exc:
             self.health.failed(exc)
         logger.warning("agent session revoked: live sessions ended", extra=summary)
-        self._applied_revocations.add(record.agent_session_id)
         return summary
 
     async def revoked_elsewhere(self, agent_session_id: str) -> None:

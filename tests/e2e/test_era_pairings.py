@@ -273,6 +273,27 @@ async def test_upstream_list_changed_reaches_a_session_era_client(
     assert text_of(result) == f"{name}: hi"
 
 
+@pytest.mark.parametrize("upstream_era", ["sessionless", "auto"])
+async def test_upstream_list_changed_reaches_a_sessionless_client(
+    tmp_path: Path, era_upstream_url: str, upstream_era: str
+) -> None:
+    """A tool registered at run time on a 2026 upstream reaches a 2026 client on its subscriptions/listen."""
+    name = f"fresh2026_{upstream_era}"
+    async with (
+        gateway_for(tmp_path, era_upstream_url, upstream_era) as gateway,
+        gateway.client(mode="auto") as client,
+        gateway.client(mode="auto") as other,
+    ):
+        await client.list_tools()
+        async with client.listen(tools_list_changed=True) as subscription:
+            await other.call_tool("up__grow", {"name": name})
+            with anyio.fail_after(15):
+                async for _event in subscription:
+                    break
+        result = await client.call_tool(f"up__{name}", {"text": "hi"})
+    assert text_of(result) == f"{name}: hi"
+
+
 async def test_dual_era_upstream_gives_a_session_era_client_its_own_upstream_session(
     tmp_path: Path, era_upstream_url: str
 ) -> None:

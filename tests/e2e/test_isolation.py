@@ -136,7 +136,8 @@ async def test_concurrent_clients_never_see_each_other(running_gateway: RunningG
         plan.append((index, tool, rng.randint(2, 5), rng.random() < 0.25))
     modern_plan = [(100 + i, rng.randint(2, 5)) for i in range(8)]
     outcomes: dict[int, Outcome] = {}
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
+    # Idle connections are dropped before the server's 5 s keep-alive could close one under a request.
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=100, keepalive_expiry=1.0)
     async with httpx.AsyncClient(timeout=30, limits=limits) as http:
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:

@@ -4,7 +4,8 @@ A real ``bastion serve`` process on the run's throwaway cluster, the store
 named three ways (``--store``, ``BASTION_STORE``, ``[store] url`` with a
 ``${NAME}`` password); the official SDK client makes a governed call; the
 rows it wrote are in the database, ``bastion workers --store`` reads the
-replica from there, and the password appears in no output. (The test cluster
+replica from there, ``bastion audit find --store`` finds an execution's
+entries, and the password appears in no output. (The test cluster
 trusts local connections, so any password is accepted and none is checked.)
 """
 
@@ -18,13 +19,15 @@ import sys
 from pathlib import Path
 
 import anyio
+import httpx
 import psycopg
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from bastion.cli.audit_find_cmd import run_find
 from bastion.cli.workers_cmd import add_workers_parser, run_workers
 from tests.e2e.conftest import Upstream, gateway_config
-from tests.e2e.issue4_support import sdk_client, static_token, toml_dumps
+from tests.e2e.issue4_support import answer_of, call, open_session, sdk_client, static_token, toml_dumps
 from tests.e2e.test_workers_e2e import _stop as stop_process
 
 pytestmark = pytest.mark.anyio
@@ -75,12 +78,27 @@ async def test_serve_uses_the_postgres_store_it_is_given(
             async with sdk_client(words[2], static_token("alice")) as client:
                 result = await client.call_tool("tools__echo", {"text": "on postgres"})
             assert result.is_error is False
+            async with httpx.AsyncClient(timeout=30) as http:
+                session_id = await open_session(http, words[2], static_token("alice"))
+                with_id = await call(
+                    http, words[2], static_token("alice"), session_id, "tools__echo", {"text": "x"},
+                    execution_id="pg-find-1",
+                )  # fmt: skip
+            assert answer_of(with_id)["result"]["isError"] is False
+            found_out, found_err = io.StringIO(), io.StringIO()
+            found = await anyio.to_thread.run_sync(
+                lambda: run_find(
+                    tmp_path / "data", "pg-find-1", agent="alice", store_url=url, out=found_out, err=found_err
+                )
+            )
             code, out, err = await anyio.to_thread.run_sync(read_workers, url)
         finally:
             with anyio.CancelScope(shield=True):
                 await stop_process(process)
 
     assert code == 0, err
+    assert found == 0, found_err.getvalue()
+    assert "pg-find-1" in found_out.getvalue() and "outcome" in found_out.getvalue()
     [gateway] = [w for w in json.loads(out)["workers"] if w["role"] == "gateway"]
     assert (gateway["generation"], gateway["epoch"]) == ("gateway-0", 1)
     async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
@@ -88,4 +106,4 @@ async def test_serve_uses_the_postgres_store_it_is_given(
         row = await cursor.fetchone()
     assert row is not None and row[0] > 0  # the call's evidence went to PostgreSQL
     assert not (tmp_path / "data" / "bastion.db").exists()  # and nothing to a SQLite file
-    assert PASSWORD not in stderr_path.read_text() + out + err
+    assert PASSWORD not in stderr_path.read_text() + out + err + found_out.getvalue() + found_err.getvalue()

@@ -92,7 +92,9 @@ async def test_a_superseded_replica_exits_with_its_runtime_and_the_replacement_r
                         lambda workers: [
                             w
                             for w in workers.values()
-                            if w.role == "upstream" and w.provenance.get("launched_by") == gateway.worker_id
+                            if w.role == "upstream"
+                            and w.provenance.get("launched_by") == gateway.worker_id
+                            and w.epoch is not None
                         ],
                     )
                     with anyio.fail_after(TAKEOVER_TIMEOUT_S):

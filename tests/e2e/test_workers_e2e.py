@@ -409,7 +409,11 @@ async def test_kill_9_of_a_launched_stdio_upstream_fails_only_that_runtime(
         [fresh] = await until(
             data_dir,
             lambda workers: (
-                [w for w in workers.values() if w.role == "upstream" and w.worker_id != old.worker_id]
+                [
+                    w
+                    for w in workers.values()
+                    if w.role == "upstream" and w.worker_id != old.worker_id and w.epoch is not None
+                ]
                 if workers[old.worker_id].failed_at is not None
                 else []
             ),

@@ -66,6 +66,7 @@ class SqliteStore(StoreOperations):
         self._closed = False
         self._transactions = 0
         self._writes = 0
+        self._statements = 0
 
     @classmethod
     async def open(
@@ -119,6 +120,14 @@ class SqliteStore(StoreOperations):
         return self._transactions
 
     @property
+    def statements_run(self) -> int:
+        """Statements sent so far, reads and writes (for the bench)."""
+        return self._statements
+
+    def _count_statement(self) -> None:
+        self._statements += 1  # approximate under concurrent reader threads: a bench figure only
+
+    @property
     def committed_writes(self) -> int:
         """Writes that were part of a committed transaction, refusals included."""
         return self._writes
@@ -139,7 +148,7 @@ class SqliteStore(StoreOperations):
     async def _write(self, op: OpFactory[T]) -> T:
         if self._closed:
             raise StoreError("store is closed")
-        job: _Job[T] = _Job(lambda conn: run_op(conn, op()))
+        job: _Job[T] = _Job(lambda conn: run_op(conn, op(), self._count_statement))
         self._pending.append(job)
         try:
             while not job.done:
@@ -208,7 +217,9 @@ class SqliteStore(StoreOperations):
             if conn is None:
                 conn = _connect(self._path, self._busy_timeout_s)
                 conn.execute("PRAGMA query_only = ON")
-            return _in_read_transaction(conn, op()) if snapshot else run_op(conn, op())
+            if snapshot:
+                return _in_read_transaction(conn, op(), self._count_statement)
+            return run_op(conn, op(), self._count_statement)
 
         try:
             return await anyio.to_thread.run_sync(run)
@@ -331,11 +342,13 @@ def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
     return conn
 
 
-def run_op(conn: sqlite3.Connection, op: Op[T]) -> T:
+def run_op(conn: sqlite3.Connection, op: Op[T], counted: Callable[[], None] | None = None) -> T:
     """Drive one operation (``store/statements.py``) on ``conn``; row locks are SQLite's file lock."""
     try:
         stmt = next(op)
         while True:
+            if counted is not None:
+                counted()
             cursor = conn.execute(stmt.sql, stmt.params)
             result: Any
             if stmt.fetch is Fetch.ONE:
@@ -353,10 +366,10 @@ def run_op(conn: sqlite3.Connection, op: Op[T]) -> T:
         op.close()
 
 
-def _in_read_transaction(conn: sqlite3.Connection, op: Op[T]) -> T:
+def _in_read_transaction(conn: sqlite3.Connection, op: Op[T], counted: Callable[[], None]) -> T:
     """Run ``op`` in one read transaction (one snapshot of the WAL), so related rows agree."""
     conn.execute("BEGIN")
     try:
-        return run_op(conn, op)
+        return run_op(conn, op, counted)
     finally:
         conn.execute("COMMIT")

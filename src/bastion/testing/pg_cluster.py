@@ -68,7 +68,10 @@ class ThrowawayCluster:
     def start(cls, *, durable: bool = False, max_connections: int = 300) -> ThrowawayCluster:
         """Create and start a cluster. ``durable=False`` turns ``fsync`` off (tests only, never a gateway)."""
         bindir = find_bindir()
-        root = Path(tempfile.mkdtemp(prefix="bastion-pg-"))
+        # Under /tmp, not $TMPDIR: the server user must reach it, and a Unix socket path is short.
+        # mkdtemp makes a fresh private directory there, so a shared /tmp is safe.
+        parent = "/tmp" if os.path.isdir("/tmp") else None  # noqa: S108
+        root = Path(tempfile.mkdtemp(prefix="bastion-pg-", dir=parent))
         run_as: list[str] = []
         if os.geteuid() == 0:
             uid, gid = _server_user()

@@ -11,10 +11,10 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
-from store_support import AGENT, EID, Writer, assert_linked, builder, genesis, new_writer
+from store_support import AGENT, EID, LEASE_S, NOW, Writer, assert_linked, builder, genesis, later, new_writer
 
-from bastion.errors import BastionError, ExecutionCollision, ExecutionInFlight
-from bastion.ids import CallId, EvidenceSessionId
+from bastion.errors import BastionError, ExecutionCollision, ExecutionInFlight, StaleEpoch
+from bastion.ids import CallId, EvidenceSessionId, WorkerId
 from bastion.store.base import Reserved, Store
 
 pytestmark = pytest.mark.anyio
@@ -116,3 +116,39 @@ async def test_concurrent_appends_on_two_replicas(store: Store, replica: Store, 
     entries = await replica.read_chain(session_id)
     assert len(entries) == 33
     assert_linked(entries)
+
+
+async def test_racing_claims_of_a_fresh_generation_have_one_holder(store: Store, replica: Store) -> None:
+    """16 workers on two replicas claim one new generation at once: one holds it at epoch 1, 15 Conflict."""
+    for i in range(16):
+        await (store if i % 2 else replica).register_worker(WorkerId(f"w{i}"), "gateway", {}, now=NOW)
+    results = await race(
+        16,
+        lambda i: (store if i % 2 else replica).claim_generation(
+            "contested", WorkerId(f"w{i}"), now=NOW, lease_s=LEASE_S
+        ),
+    )
+    assert kinds(results) == {"int": 1, "Conflict": 15}
+    held = await store.get_generation("contested")
+    assert held is not None and held.epoch == 1
+    assert results[[type(r) for r in results].index(int)] == 1
+
+
+async def test_racing_takeovers_raise_the_epoch_once(store: Store, replica: Store, writer: Writer) -> None:
+    """After the holder's lease ran out, 16 survivors race to take over: one wins at epoch + 1."""
+    after = later(LEASE_S + 1)
+    for i in range(16):
+        await (store if i % 2 else replica).register_worker(WorkerId(f"s{i}"), "recovery", {}, now=after)
+    results = await race(
+        16,
+        lambda i: (store if i % 2 else replica).claim_generation(
+            writer.generation, WorkerId(f"s{i}"), now=after, lease_s=LEASE_S
+        ),
+    )
+    assert kinds(results) == {"int": 1, "Conflict": 15}
+    held = await replica.get_generation(writer.generation)
+    assert held is not None and held.epoch == writer.epoch + 1
+    with pytest.raises(StaleEpoch):  # the old holder's next write is refused
+        await store.reserve_execution(
+            AGENT, EID, binding(0), call_id=CallId("late"), worker=writer.worker, epoch=writer.epoch
+        )

@@ -9,6 +9,8 @@ winner's row (in flight, collision) like any other.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bastion.admission.states import ExecutionState, check_transition
 from bastion.errors import Conflict, ExecutionCollision, ExecutionInFlight, ExecutionReplay
 from bastion.ids import AgentId, CallId, Epoch, ExecutionId, WorkerId
@@ -39,7 +41,10 @@ def reserve_execution(
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             agent, execution_id, binding, ExecutionState.RESERVED.value, call_id, generation, worker, epoch,
         )  # fmt: skip
-        return Reserved((yield from select_execution(agent, execution_id)))  # type: ignore[arg-type]
+        state = ExecutionState.RESERVED
+        return Reserved(
+            ExecutionRecord(agent, execution_id, binding, state, call_id, generation, worker, epoch)
+        )
     if row.binding != binding:
         raise ExecutionCollision(execution_id=execution_id)
     if row.state.is_terminal:
@@ -54,7 +59,17 @@ def reserve_execution(
         " WHERE agent = ? AND execution_id = ?",
         ExecutionState.RESERVED.value, call_id, generation, worker, epoch, agent, execution_id,
     )  # fmt: skip
-    return Readmitted((yield from select_execution(agent, execution_id)))  # type: ignore[arg-type]
+    # The row as written, without reading it back: one statement less per reservation.
+    return Readmitted(
+        replace(
+            row,
+            state=ExecutionState.RESERVED,
+            call_id=call_id,
+            generation=generation,
+            worker=worker,
+            epoch=epoch,
+        )
+    )
 
 
 def transition(
@@ -68,7 +83,7 @@ def transition(
         raise Conflict("the execution belongs to another generation", execution_id=execution_id)
     check_transition(row.state, target)
     yield from execute(_UPDATE_STATE, target.value, worker, epoch, agent, execution_id)
-    return (yield from select_execution(agent, execution_id))  # type: ignore[return-value]
+    return replace(row, state=target, worker=worker, epoch=epoch)
 
 
 def recover_worker(generation: str, new_worker: WorkerId, new_epoch: Epoch) -> Op[list[RecoveredExecution]]:
