@@ -64,8 +64,13 @@ def create_app(
         if gateway is None:
             return JSONResponse({"ready": False, "detail": "starting"}, status_code=503)
         ready, detail = gateway.readiness()
+        status = 200 if ready else 503
+        # Per-upstream detail only for the admin credential: a DNS-rebinding page or any
+        # client gets the bare verdict (issue #12).
+        if not AdminGate(gateway.snapshot().auth.admin_token_sha256).admits(request):
+            return JSONResponse({"ready": ready}, status_code=status)
         detail["policy_fleet"] = await gateway.fleet_policy()  # issue #10: who runs which snapshot
-        return JSONResponse(detail, status_code=200 if ready else 503)
+        return JSONResponse(detail, status_code=status)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -8,7 +8,7 @@
     │  ├─ ParseError (-32700, 400)   InvalidRequest (-32600, 400)   BodyTooLarge (-32600, 413)
     │  ├─ MethodNotFound (-32601, 200)   InvalidParams (-32602, 200)
     │  ├─ OriginForbidden (403)   HostForbidden (421)   NotAcceptable (406)   UnsupportedMediaType (415)
-    │  ├─ SessionIdMissing (400)   SessionNotFound (404)
+    │  ├─ SessionIdMissing (400)   SessionNotFound (404)   LastEventIdUnknown (400)
     │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)
     │  ├─ UnsupportedProtocolVersion (-32022, 400)
     │  ├─ MethodNotAllowed (405)   TooManySessions (503)   WorkerSuperseded (503)
@@ -57,6 +57,7 @@ __all__ = [
     "InvalidCmcpEnvelope",
     "InvalidParams",
     "InvalidRequest",
+    "LastEventIdUnknown",
     "MethodNotAllowed",
     "MethodNotFound",
     "NamespaceNotAttached",
@@ -105,6 +106,7 @@ class Reason(enum.StrEnum):
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     SESSION_ID_MISSING = "session_id_missing"
     SESSION_NOT_FOUND = "session_not_found"
+    LAST_EVENT_ID_UNKNOWN = "last_event_id_unknown"
     PROTOCOL_VERSION_MISMATCH = "protocol_version_mismatch"
     UNSUPPORTED_PROTOCOL_VERSION = "unsupported_protocol_version"
     HEADER_MISMATCH = "header_mismatch"
@@ -252,6 +254,13 @@ class SessionNotFound(RequestRejected):
     http_status = 404
     jsonrpc_code = -32001
     default_message = "Session not found"
+
+
+class LastEventIdUnknown(RequestRejected):
+    """Unknown, malformed, another session's, or no longer held: one answer, nothing replayed."""
+
+    reason = Reason.LAST_EVENT_ID_UNKNOWN
+    default_message = "Bad Request: Last-Event-ID names no stream this session can replay"
 
 
 class ProtocolVersionMismatch(RequestRejected):

@@ -64,6 +64,7 @@ from bastion.session.listeners import (
     ListenerHub,
 )
 from bastion.session.registry import SessionRegistry
+from bastion.session.replay import ReplayLimits
 from bastion.session.shared import SharedSessions
 from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
@@ -159,6 +160,11 @@ class Gateway:
             max_sessions=snapshot.gateway.max_transport_sessions,
             max_sessions_per_agent=snapshot.gateway.max_transport_sessions_per_agent,
             clock=clock,
+            replay_limits=ReplayLimits(
+                events_per_stream=snapshot.gateway.sse_replay_events,
+                bytes_per_stream=snapshot.gateway.sse_replay_bytes,
+                streams_per_session=snapshot.gateway.sse_replay_streams,
+            ),
         )
         self._runtime_hook: Callable[[str, Any], None] | None = None
         self.runtimes: RuntimeRegistry | None = None
@@ -429,8 +435,9 @@ class Gateway:
     async def aclose(self) -> None:
         """Shut down in an order where nothing writes after the store closed (issue #11 point 16).
 
-        (1) client sessions (their evidence closed, claims issued); (2) the upstreams (processes
-        stopped); (3) their exits recorded; (4) every background loop ended; (5) the store.
+        (1) client sessions (their evidence closed, claims issued; listen streams ended); (2) the
+        upstreams (processes stopped); (3) their exits recorded; (4) every background loop ended;
+        (5) the store.
         """
         self.listeners.close_all()
         with anyio.CancelScope(shield=True):

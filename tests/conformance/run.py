@@ -266,9 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"conformance: {len(report)} runs in {time.monotonic() - started:.0f} s")
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(report, indent=2, sort_keys=True))
-    baseline = json.loads(args.baseline.read_text()) if args.baseline.exists() else {}
-    if args.only is not None:
-        baseline = {k: v for k, v in baseline.items() if k in found}
+    recorded = json.loads(args.baseline.read_text()) if args.baseline.exists() else {}
+    # Runs left out by --only are neither gated nor rewritten.
+    baseline = {k: v for k, v in recorded.items() if args.only is None or k in found}
     if args.write_baseline:
         # May only shrink: a run the file already records never gets more than it allows; a run
         # it has never seen (a new suite option or setup) starts from what it finds.
@@ -277,7 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for k, v in found.items()
         }
         args.baseline.write_text(
-            json.dumps({k: v for k, v in sorted(found.items()) if v}, indent=2, sort_keys=True) + "\n"
+            json.dumps(
+                {k: v for k, v in sorted({**recorded, **found}.items()) if v}, indent=2, sort_keys=True
+            )
+            + "\n"
         )
         print(f"conformance: baseline written to {args.baseline}")
         return 0

@@ -235,7 +235,7 @@ async def reload_policy(http: httpx.AsyncClient, origin: str) -> httpx.Response:
 
 
 async def readyz(http: httpx.AsyncClient, origin: str) -> tuple[int, dict[str, Any]]:
-    response = await http.get(f"{origin}/readyz")
+    response = await http.get(f"{origin}/readyz", headers=bearer(ADMIN_TOKEN))
     body: dict[str, Any] = response.json()
     return response.status_code, body
 

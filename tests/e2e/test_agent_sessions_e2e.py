@@ -183,7 +183,7 @@ async def test_revocation_ends_every_live_session_of_the_agent_session(
     # (15-50 ms); the first request after that answer, on either transport session, was
     # already refused (17-51 ms after sending). At the replica that revokes there is no sync
     # delay: the authenticator reads the agent session on every request. Other replicas apply
-    # it within REVOCATION_SYNC_S (2 s). Only correctness is asserted; the timings live here.
+    # it within REVOCATION_SYNC_S (1 s). Only correctness is asserted; the timings live here.
 
     # (1) Both transport sessions are refused from the next request on.
     assert_refused(busy_after, 401, "agent_session_revoked")

@@ -19,6 +19,7 @@ from bastion.store.base import Store
 from bastion.testing.faulty_store import FaultyStore
 from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import Upstream, gateway_config
+from tests.e2e.issue4_support import auth_table
 from tests.e2e.test_evidence_e2e import reason_of, receipt_of, sessionless_call
 from tests.e2e.test_execution_durability import entries_of_call, faulty_gateway, wait_until_recovered
 
@@ -39,9 +40,8 @@ async def test_the_refusal_that_trips_degraded_mode_is_audited_late_with_its_eve
         made.append(FaultyStore(inner, fail_at="reserve_execution", times=1))
         return made[-1]
 
-    snapshot = snapshot_from_mapping(
-        gateway_config(tmp_path, tools_upstream.url), source=None, version="trip"
-    )
+    config = {**gateway_config(tmp_path, tools_upstream.url), "auth": auth_table()}  # /readyz detail
+    snapshot = snapshot_from_mapping(config, source=None, version="trip")
     data_dir = tmp_path / "data"
     app = create_app(snapshot, RuntimeOptions(data_dir=data_dir, store_factory=wrap))
     async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=30) as http:

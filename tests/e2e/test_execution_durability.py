@@ -32,6 +32,7 @@ from bastion.store.base import Store
 from bastion.testing.faulty_store import FailWhen, FaultyStore
 from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, Upstream, counter_value, gateway_config
+from tests.e2e.issue4_support import ADMIN_TOKEN, auth_table, bearer
 from tests.e2e.test_evidence_e2e import (
     bundle_entries,
     call_params,
@@ -74,7 +75,8 @@ async def faulty_gateway(tmp_path: Path, tools_url: str, when: FailWhen) -> Asyn
         made.append(FaultyStore(inner, fail_at="record_outcome", when=when, times=None))
         return made[-1]
 
-    snapshot = snapshot_from_mapping(gateway_config(tmp_path, tools_url), source=None, version="durability")
+    config = {**gateway_config(tmp_path, tools_url), "auth": auth_table()}  # /readyz detail needs the admin
+    snapshot = snapshot_from_mapping(config, source=None, version="durability")
     data_dir = tmp_path / "data"
     app = create_app(snapshot, RuntimeOptions(data_dir=data_dir, store_factory=wrap))
     async with serve_on_loopback(app) as url:
@@ -82,7 +84,7 @@ async def faulty_gateway(tmp_path: Path, tools_url: str, when: FailWhen) -> Asyn
 
 
 async def readiness(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
-    detail: dict[str, Any] = (await http.get(f"{origin(url)}/readyz")).json()
+    detail: dict[str, Any] = (await http.get(f"{origin(url)}/readyz", headers=bearer(ADMIN_TOKEN))).json()
     return detail
 
 
@@ -280,7 +282,8 @@ async def test_a_sessionless_result_is_withheld_when_its_evidence_cannot_be_writ
         made.append(FaultyStore(inner, fail_at="open_chain", when="before_commit", times=1))
         return made[-1]
 
-    snapshot = snapshot_from_mapping(gateway_config(tmp_path, tools_upstream.url), source=None, version="d")
+    config = {**gateway_config(tmp_path, tools_upstream.url), "auth": auth_table()}
+    snapshot = snapshot_from_mapping(config, source=None, version="d")
     app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data", store_factory=wrap))
     async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=30) as http:
         failed = await sessionless_call(http, url, "tools__echo", {"text": "x"})

@@ -9,7 +9,6 @@ cannot be used, the replica keeps its snapshot and shows as behind in
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -22,7 +21,7 @@ import httpx
 import pytest
 
 from bastion.app import create_app
-from bastion.cli.workers_cmd import add_workers_parser, run_workers
+from bastion.cli.main import main
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import load_snapshot
 from tests.e2e.conftest import Upstream
@@ -60,12 +59,10 @@ async def until_version(http: httpx.AsyncClient, gw: FileGateway, version: str) 
 
 
 def workers_table(data_dir: Path) -> str:
-    # ``bastion workers`` as tests/unit/workers builds it (cli/main.py wires it on h1-workers).
-    parser = argparse.ArgumentParser(prog="bastion")
-    add_workers_parser(parser.add_subparsers(dest="command", required=True))
-    out, err = io.StringIO(), io.StringIO()
-    args = parser.parse_args(["workers", "--data-dir", str(data_dir), "--lease-s", "10"])
-    assert run_workers(args, out=out, err=err) == 0, err.getvalue()
+    """``bastion workers --data-dir``, through the CLI's entry point."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["workers", "--data-dir", str(data_dir), "--lease-s", "10"]) == 0
     return out.getvalue()
 
 

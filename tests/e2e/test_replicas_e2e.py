@@ -326,12 +326,12 @@ async def test_a_stalled_replicas_late_write_is_refused(
                 stalled.signal(signal.SIGCONT)
         [late] = answers
         assert not isinstance(late, str), late
-        assert reason_of(answer_of(late, 9)) == "not_durable"
+        assert reason_of(answer_of(late, 9)) == "stale_epoch"  # refused: a newer epoch holds the slot
         assert _execution(fleet, "stop-cont") == settled  # untouched by the late write
         with anyio.fail_after(WAIT_S):
-            await stalled.logged("this worker was superseded; it stops serving")
-        # The session still works through nginx (the superseded replica answers 503; nginx's next try
-        # is not made for a POST already sent, so the client simply retries).
+            await stalled.logged("this worker was superseded by a newer epoch; it stops serving and exits")
+        # The session still works through nginx (until it has exited, the superseded replica answers
+        # 503; nginx does not replay a POST already sent, so the client simply retries).
         for n in range(6):
             echoed = await http.post(
                 fleet.url,

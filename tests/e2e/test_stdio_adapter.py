@@ -166,7 +166,7 @@ async def test_gateway_session_ended_under_the_adapter_is_replaced(
     async with through_adapter(running_gateway, credential, errlog=errlog, message_handler=seen) as client:
         await client.call_tool("tools__echo", {"text": "before"})
         (first,) = sessions_of(running_gateway, "alice")
-        await running_gateway.gateway.close_transport_session(first, "idle_expiry")
+        await running_gateway.gateway.end_transport_session(first, "idle_expiry")
 
         result = await client.call_tool("notes__echo", {"text": "after"})
         assert result.content[0].text == "after"  # type: ignore[union-attr]

@@ -104,6 +104,14 @@ class AdminGate:
 
         return guarded
 
+    def admits(self, request: Request) -> bool:
+        """Whether ``request`` carries the admin credential (for answers that only say more to it)."""
+        try:
+            self._check(request)
+        except _Refused:
+            return False
+        return True
+
     def _check(self, request: Request) -> None:
         # (1) off unless configured: fail closed.
         if self._digest is None:

@@ -110,13 +110,15 @@ class ClaimRules:
         object.__setattr__(self, "human_claims", tuple(self.human_claims))
         object.__setattr__(self, "scope_claims", tuple(self.scope_claims))
         if not self.agent_claims:
-            raise ConfigError("oauth claims: agent_claims must name at least one claim")
+            raise ConfigError("auth.oauth.agent_claims must name at least one claim")
         names = [*self.agent_claims, *self.human_claims, *self.scope_claims]
         names += [n for n in (self.team_claim, self.agent_session_claim) if n is not None]
         if any(not isinstance(n, str) or not n for n in names):
-            raise ConfigError("oauth claims: claim names must be non-empty strings")
+            raise ConfigError(
+                "auth.oauth: claim names (*_claims, team_claim, agent_session_claim) must be non-empty"
+            )
         if self.agent_prefix and not _CLAIM_TEXT.match(self.agent_prefix):
-            raise ConfigError("oauth claims: agent_prefix must be printable text of at most 256 characters")
+            raise ConfigError("auth.oauth.agent_prefix must be printable text of at most 256 characters")
 
     def principal_from(self, claims: Mapping[str, Any]) -> Principal:
         """The principal these verified claims name.
@@ -174,24 +176,26 @@ class OAuthSettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "algorithms", tuple(self.algorithms))
         if not self.issuer:
-            raise ConfigError("oauth.issuer must not be empty")
+            raise ConfigError("auth.oauth.issuer must not be empty")
         if not self.audience:
-            raise ConfigError("oauth.audience must be this gateway's resource URL")
+            raise ConfigError(
+                "auth.oauth.audience must be this gateway's resource URL: set it, or auth.resource_url"
+            )
         _check_jwks_url(self.jwks_url)
         if not self.algorithms:
-            raise ConfigError("oauth.algorithms must not be empty")
+            raise ConfigError("auth.oauth.algorithms must not be empty")
         for alg in self.algorithms:
             if alg not in SUPPORTED_ALGORITHMS:
                 allowed = ", ".join(sorted(SUPPORTED_ALGORITHMS))
-                raise ConfigError(f"oauth.algorithms: {alg!r} is not allowed (allowed: {allowed})")
+                raise ConfigError(f"auth.oauth.algorithms: {alg!r} is not allowed (allowed: {allowed})")
         if not 0 <= self.leeway_s <= _MAX_LEEWAY_S:
-            raise ConfigError(f"oauth.leeway_s must be between 0 and {_MAX_LEEWAY_S:g}")
+            raise ConfigError(f"auth.oauth.leeway_s must be between 0 and {_MAX_LEEWAY_S:g}")
         for name in ("jwks_min_refresh_interval_s", "jwks_max_age_s", "jwks_timeout_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"oauth.{name} must be a positive number")
+                raise ConfigError(f"auth.oauth.{name} must be a positive number")
         if self.jwks_max_age_s < self.jwks_min_refresh_interval_s:
-            raise ConfigError("oauth.jwks_max_age_s must be at least jwks_min_refresh_interval_s")
+            raise ConfigError("auth.oauth.jwks_max_age_s must be at least jwks_min_refresh_interval_s")
 
 
 def _check_jwks_url(url: str) -> None:
@@ -199,12 +203,12 @@ def _check_jwks_url(url: str) -> None:
         parts = urlsplit(url)
         host = parts.hostname
     except ValueError:
-        raise ConfigError("oauth.jwks_url is not a valid URL") from None
+        raise ConfigError("auth.oauth.jwks_url is not a valid URL") from None
     if not host:
-        raise ConfigError("oauth.jwks_url has no host")
+        raise ConfigError("auth.oauth.jwks_url has no host")
     # Keys fetched over plain HTTP could be swapped in transit: that is everyone's token.
     if parts.scheme != "https" and not (parts.scheme == "http" and host in _LOOPBACK):
-        raise ConfigError("oauth.jwks_url must be https (plain http only on a loopback host)")
+        raise ConfigError("auth.oauth.jwks_url must be https (plain http only on a loopback host)")
 
 
 # ---------------------------------------------------------------- keys

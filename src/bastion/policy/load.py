@@ -86,6 +86,9 @@ _GATEWAY_KEYS = frozenset(
         "upstream_timeout_s",
         "max_transport_sessions",
         "max_transport_sessions_per_agent",
+        "sse_replay_events",
+        "sse_replay_bytes",
+        "sse_replay_streams",
     }
 )
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
@@ -296,7 +299,14 @@ def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
     kwargs: dict[str, Any] = {}
     if "tool_separator" in table:
         kwargs["tool_separator"] = ctx.string(table["tool_separator"], "gateway.tool_separator")
-    for key in ("max_body_bytes", "max_transport_sessions", "max_transport_sessions_per_agent"):
+    for key in (
+        "max_body_bytes",
+        "max_transport_sessions",
+        "max_transport_sessions_per_agent",
+        "sse_replay_events",
+        "sse_replay_bytes",
+        "sse_replay_streams",
+    ):
         if key in table:
             kwargs[key] = ctx.integer(table[key], f"gateway.{key}")
     for key in ("transport_session_idle_s", "upstream_timeout_s"):

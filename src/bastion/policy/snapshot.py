@@ -62,14 +62,25 @@ class GatewaySettings:
     max_transport_sessions: int = 100_000
     # Each agent's share, so that one agent cannot lock every other agent out (issue #12).
     max_transport_sessions_per_agent: int = 10_000
+    # Session-era SSE resumption (session/replay.py): per stream, events and bytes kept for
+    # Last-Event-ID; per session, response streams kept (the oldest finished ones go first).
+    sse_replay_events: int = 128
+    sse_replay_bytes: int = 65_536
+    sse_replay_streams: int = 8
 
     def __post_init__(self) -> None:
+        if self.sse_replay_events < 1 or self.sse_replay_streams < 1 or self.sse_replay_bytes < 1024:
+            raise ConfigError(
+                "gateway.sse_replay_events and sse_replay_streams must be at least 1, "
+                "sse_replay_bytes at least 1024"
+            )
         if not self.tool_separator or not TOOL_NAME_RULE.match(self.tool_separator):
             raise ConfigError("gateway.tool_separator must match ^[a-zA-Z0-9_-]{1,64}$")
         if self.max_body_bytes < 1024:
             raise ConfigError("gateway.max_body_bytes must be at least 1024")
-        if self.transport_session_idle_s <= 0 or self.upstream_timeout_s <= 0:
-            raise ConfigError("gateway timeouts must be positive")
+        for key in ("transport_session_idle_s", "upstream_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"gateway.{key} must be positive")
         if self.max_transport_sessions < 1:
             raise ConfigError("gateway.max_transport_sessions must be at least 1")
         if self.max_transport_sessions_per_agent < 1:
@@ -159,9 +170,11 @@ class AuthSettings:
         object.__setattr__(self, "mtls_trusted_proxies", tuple(self.mtls_trusted_proxies))
         if self.mtls_fingerprint_header is not None and not self.mtls_trusted_proxies:
             raise ConfigError("auth.mtls_trusted_proxies must name the proxies allowed to send the header")
-        for digest in (self.admin_token_sha256, *self.auditor_token_sha256):
+        named = [("auth.admin_token_sha256", self.admin_token_sha256)]
+        named += [(f"auth.auditor_token_sha256[{i}]", d) for i, d in enumerate(self.auditor_token_sha256)]
+        for key, digest in named:
             if digest is not None and not _SHA256_HEX.match(digest):
-                raise ConfigError("auth: token digests must be 64 lowercase hex characters")
+                raise ConfigError(f"{key} must be 64 lowercase hex characters")
         if self.oauth is not None and not self.resource_url:
             raise ConfigError("auth.resource_url is required when auth.oauth is configured")
 
@@ -210,12 +223,9 @@ class Snapshot:
                 f"servers: only one server may be transparent (unprefixed names would collide): "
                 f"{', '.join(sorted(transparent))}"
             )
-        hashes = [a.token_sha256 for a in self.agents if not a.anonymous]
-        if len(set(hashes)) != len(hashes):
-            raise ConfigError("agents: two agents share one token")
         if len([a for a in self.agents if a.anonymous]) > 1:
             raise ConfigError("agents: at most one agent may be anonymous")
-        self.credential_roles()
+        self.credential_roles()  # two agents sharing one token included, with both key paths
         self._check_grants()
 
     def credential_roles(self) -> dict[str, str]:

@@ -17,6 +17,7 @@ from bastion.audit.scope import EvidenceScope
 from bastion.auth.principal import Principal
 from bastion.errors import SessionNotFound, TooManySessions
 from bastion.ids import AgentId, TransportSessionId, new_transport_session_id
+from bastion.session.replay import ReplayLimits, SessionStreams
 from bastion.session.state import InFlightCall, TransportSession
 from bastion.store.replicas import transport_session_key
 
@@ -34,7 +35,9 @@ class SessionRegistry:
         max_sessions_per_agent: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         mint_id: Callable[[], TransportSessionId] = new_transport_session_id,
+        replay_limits: ReplayLimits | None = None,
     ) -> None:
+        self._replay_limits = replay_limits or ReplayLimits()
         self._sessions: dict[TransportSessionId, TransportSession] = {}
         # One agent must not lock every other agent out (issue #12): a share of the global cap each.
         self._max_per_agent = max_sessions if max_sessions_per_agent is None else max_sessions_per_agent
@@ -154,6 +157,7 @@ class SessionRegistry:
             created_at=now,
             last_seen=now,
             evidence=evidence,
+            streams=SessionStreams(self._replay_limits),
         )
 
     def remove(self, transport_session: TransportSession) -> list[InFlightCall]:

@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator
 import anyio
 import uvicorn
 from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
-__all__ = ["serve_on_loopback"]
+__all__ = ["loopback_config", "serve_on_loopback"]
 
 
-@contextlib.asynccontextmanager
-async def serve_on_loopback(app: Starlette, *, startup_timeout_s: float = 30.0) -> AsyncIterator[str]:
-    """Serve ``app`` on 127.0.0.1 (a free port); yields the ``/mcp`` URL, stops on exit."""
-    config = uvicorn.Config(
+def loopback_config(app: ASGIApp) -> uvicorn.Config:
+    """uvicorn settings for a test server: a free port on 127.0.0.1, quiet, quick to stop."""
+    return uvicorn.Config(
         app,
         host="127.0.0.1",
         port=0,
@@ -28,7 +28,12 @@ async def serve_on_loopback(app: Starlette, *, startup_timeout_s: float = 30.0) 
         lifespan="on",
         timeout_graceful_shutdown=2,
     )
-    server = uvicorn.Server(config)
+
+
+@contextlib.asynccontextmanager
+async def serve_on_loopback(app: Starlette, *, startup_timeout_s: float = 30.0) -> AsyncIterator[str]:
+    """Serve ``app`` on 127.0.0.1 (a free port); yields the ``/mcp`` URL, stops on exit."""
+    server = uvicorn.Server(loopback_config(app))
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve)
         with anyio.fail_after(startup_timeout_s):

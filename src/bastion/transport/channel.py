@@ -5,19 +5,26 @@ A :class:`ResponseChannel` belongs to exactly one HTTP request. It answers
 has to be sent, and commits to ``text/event-stream`` the moment a
 notification or a server-to-client request for this request must go first.
 Nothing else can write to it.
+
+In the session era an SSE answer is also an :class:`~bastion.session.replay.EventStream`
+of its session: each event is numbered and kept, so a client that loses the
+connection resumes it with a GET and ``Last-Event-ID`` (``transport/resume.py``).
+From the moment such a GET takes the stream over, this channel writes nothing
+more; the rest of the answer goes to the GET.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
 from starlette.types import Send
 
+from bastion.session.replay import EventStream
 from bastion.transport.jsonrpc import dumps
 
-__all__ = ["ResponseChannel"]
+__all__ = ["ResponseChannel", "sse_frame"]
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -26,15 +33,22 @@ _SSE_HEADERS = [
 ]
 
 
-def sse_frame(payload: bytes, event_id: int | None = None) -> bytes:
-    head = b"" if event_id is None else b"id: %d\n" % event_id
+def sse_frame(payload: bytes, event_id: str | None = None) -> bytes:
+    head = b"" if event_id is None else b"id: " + event_id.encode() + b"\n"
     return head + b"event: message\ndata: " + payload + b"\n\n"
 
 
 class ResponseChannel:
     """The answer to one HTTP request: JSON, or SSE once something must precede the result."""
 
-    def __init__(self, send: Send, *, sse_allowed: bool, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        send: Send,
+        *,
+        sse_allowed: bool,
+        headers: Mapping[str, str] | None = None,
+        open_stream: Callable[[], EventStream] | None = None,
+    ) -> None:
         self._send = send
         self.sse_allowed = sse_allowed
         self._headers = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
@@ -42,6 +56,19 @@ class ResponseChannel:
         self.committed_sse = False
         self.finished = False
         self.broken = False
+        # Session era: where SSE events are numbered and kept for resumption (None: no ids).
+        self._open_stream = open_stream
+        self._stream: EventStream | None = None
+        self._reader = 0
+
+    def _frame(self, payload: bytes) -> bytes | None:
+        """Number and keep ``payload`` (session era); the frame to write here, or None if taken over."""
+        if self._stream is None:
+            return sse_frame(payload)
+        number = self._stream.publish(payload)
+        if not self._stream.is_current(self._reader):
+            return None  # a GET with Last-Event-ID resumed this stream: it writes from now on
+        return sse_frame(payload, self._stream.event_id(number))
 
     async def message(self, message: dict[str, Any]) -> bool:
         """Send a message that belongs to this request before its result; ``False`` if it cannot go."""
@@ -56,9 +83,12 @@ class ResponseChannel:
                         {"type": "http.response.start", "status": 200, "headers": self._sse_headers()}
                     )
                     self.committed_sse = True
-                await self._send(
-                    {"type": "http.response.body", "body": sse_frame(dumps(message)), "more_body": True}
-                )
+                    if self._open_stream is not None:
+                        self._stream = self._open_stream()
+                        self._reader = self._stream.attach()
+                frame = self._frame(dumps(message))
+                if frame is not None:
+                    await self._send({"type": "http.response.body", "body": frame, "more_body": True})
             except OSError:
                 self.broken = True
                 return False
@@ -73,9 +103,10 @@ class ResponseChannel:
             body = dumps(message)
             try:
                 if self.committed_sse:
-                    await self._send(
-                        {"type": "http.response.body", "body": sse_frame(body), "more_body": False}
-                    )
+                    frame = self._frame(body)
+                    if self._stream is not None:
+                        self._stream.finish()
+                    await self._send({"type": "http.response.body", "body": frame or b"", "more_body": False})
                     return
                 headers = [
                     (b"content-type", b"application/json"),
@@ -94,6 +125,8 @@ class ResponseChannel:
             if self.finished:
                 return
             self.finished = True
+            if self._stream is not None:
+                self._stream.finish()  # a resumed GET ends too: no answer follows a cancellation
             try:
                 if not self.committed_sse:
                     # Nothing was sent yet: an empty event stream ends the exchange without a

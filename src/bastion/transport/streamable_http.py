@@ -2,15 +2,18 @@
 
 Order of checks for every request, first failure wins, each a typed error:
 
-1. HTTP method (405), ``Origin`` (403), credential (401).
+1. HTTP method (405), ``Host`` (421) and ``Origin`` (403) against DNS rebinding
+   (``transport/rebinding.py``), credential (401).
 2. POST: ``Content-Type`` (415), ``Accept`` (406), body size (413), JSON (-32700), JSON-RPC shape (-32600).
-3. Era. ``initialize`` opens a session-era transport session. A request whose
-   ``MCP-Protocol-Version`` is a sessionless revision is served alone, after its
-   header and ``_meta`` versions are checked to agree (400). Anything else is
-   session era: ``Mcp-Session-Id`` is required (400), must name a live session
-   of this agent (404, the same for unknown, expired, terminated and foreign),
-   and the version header must match the negotiated one (400; absent means
-   2025-03-26). An unknown version is refused (400).
+3. Era, by ``MCP-Protocol-Version`` as the reference servers route. A
+   session-era revision, or none, is the session era: ``initialize`` opens a
+   transport session; anything else needs ``Mcp-Session-Id`` (400) naming a live
+   session of this agent (404, the same for unknown, expired, terminated and
+   foreign), and a version header, when present, equal to the negotiated one
+   (400; absent means the negotiated one). Any other revision is served alone
+   after the per-request ladder: header and ``_meta`` agree (400), the revision
+   is supported (-32022 with the request's id and ``server/discover``'s list).
+   GET resumes or opens a session's event stream (``transport/resume.py``).
 4. Dispatch (``methods.py``), on a :class:`ResponseChannel` that belongs to this
    request alone.
 
@@ -36,7 +39,6 @@ from bastion.call import RECEIPT_META_KEY
 from bastion.caller import Caller
 from bastion.errors import (
     BastionError,
-    BodyTooLarge,
     HeaderMismatch,
     InvalidParams,
     InvalidRequest,
@@ -56,20 +58,21 @@ from bastion.methods import SERVER_INFO, MethodRouter, for_sessionless_wire
 from bastion.policy.snapshot import Snapshot
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import InFlightCall, TransportSession
-from bastion.transport.channel import ResponseChannel, sse_frame
+from bastion.transport.channel import ResponseChannel
 from bastion.transport.jsonrpc import (
     Notification,
     Request,
     RequestId,
     Response,
     decode_body,
-    dumps,
     error_message,
     parse_message,
     result_message,
 )
 from bastion.transport.rebinding import check_host_and_origin
 from bastion.transport.relay import StreamRelay
+from bastion.transport.resume import serve_event_stream
+from bastion.transport.wire import accepted, meta_of, read_body, reject, watch_disconnect
 from bastion.upstream.base import UpstreamReplied
 from bastion.versions import (
     HANDSHAKE_VERSIONS,
@@ -83,7 +86,6 @@ __all__ = ["FrontDoor", "ReplicaSessions"]
 
 logger = logging.getLogger(__name__)
 
-_KEEPALIVE_S = 15.0
 SessionClosed = Callable[[TransportSession, str], Awaitable[None]]
 
 
@@ -141,7 +143,7 @@ class FrontDoor:
         try:
             await self._serve(scope, receive, send, headers)
         except RequestRejected as exc:
-            await _reject(send, exc, None)
+            await reject(send, exc, None)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
         # (1) method, origin, credential
@@ -160,7 +162,7 @@ class FrontDoor:
             principal = await self._authenticate(scope, headers.get("authorization"))
         except RequestRejected as exc:
             presented = "authorization" in headers or b"token=" in scope.get("query_string", b"")
-            await _reject(send, exc, None, challenge=self._challenge(presented))
+            await reject(send, exc, None, challenge=self._challenge(presented))
             return
         version_header = headers.get("mcp-protocol-version")
         if method == "POST":
@@ -205,7 +207,7 @@ class FrontDoor:
         if "application/json" not in accept and "*/*" not in accept:
             raise NotAcceptable()
         sse_allowed = "text/event-stream" in accept or "*/*" in accept
-        body = await _read_body(receive, headers, snapshot.gateway.max_body_bytes)
+        body = await read_body(receive, headers, snapshot.gateway.max_body_bytes)
         decoded = decode_body(body)
         message = parse_message(decoded)
         version_header = headers.get("mcp-protocol-version")
@@ -226,7 +228,7 @@ class FrontDoor:
             raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
         if isinstance(message, Notification):
             await self._on_notification(transport_session, message)
-            await _accepted(send)
+            await accepted(send)
             return
         if isinstance(message, Response):
             reply = {"result": message.result} if message.error is None else {"error": message.error}
@@ -237,7 +239,7 @@ class FrontDoor:
             elif self._replicas is not None and str(message.id).startswith("bastion-r"):
                 # Relayed by another replica serving this session: its answer goes there.
                 await self._replicas.forward_reply(transport_session, str(message.id), reply)
-            await _accepted(send)
+            await accepted(send)
             return
         if message.id in transport_session.in_flight:
             raise InvalidRequest("Invalid Request: this request id is already in flight on this session")
@@ -269,16 +271,16 @@ class FrontDoor:
             # revision not served is told so, as a request is.
             if requested not in MODERN_VERSIONS:
                 raise UnsupportedProtocolVersion(supported=list(SUPPORTED_VERSIONS), requested=requested)
-            await _accepted(send)
+            await accepted(send)
             return
         if isinstance(message, Response):
             raise InvalidRequest("Invalid Request: the sessionless era has no back channel to answer")
         if message.method == "subscriptions/listen" and not sse_allowed:
             raise NotAcceptable("Not Acceptable: a listen stream needs Accept: text/event-stream")
-        if requested not in MODERN_VERSIONS and PROTOCOL_VERSION_META_KEY not in _meta_of(decoded):
+        if requested not in MODERN_VERSIONS and PROTOCOL_VERSION_META_KEY not in meta_of(decoded):
             # No per-request envelope to check the header against: the revision itself is the answer.
             unsupported = UnsupportedProtocolVersion(supported=list(SUPPORTED_VERSIONS), requested=requested)
-            await _reject(send, unsupported, message.id)
+            await reject(send, unsupported, message.id)
             return
         verdict = classify_inbound_request(
             decoded, headers=dict(headers.items()), supported_modern_versions=SUPPORTED_VERSIONS
@@ -292,7 +294,7 @@ class FrontDoor:
                 error = HeaderMismatch(getattr(verdict, "message", None))
             else:
                 error = InvalidParams(getattr(verdict, "message", None))
-            await _reject(send, error, message.id, status=ERROR_CODE_HTTP_STATUS.get(code, 400))
+            await reject(send, error, message.id, status=ERROR_CODE_HTTP_STATUS.get(code, 400))
             return
         capabilities = getattr(verdict, "client_capabilities", None)
         # One evidence session per sessionless request, closed (claim issued) when the request ends.
@@ -338,8 +340,12 @@ class FrontDoor:
         before_finish: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Dispatch one request and write its answer to its own channel only."""
-        channel = ResponseChannel(send, sse_allowed=sse_allowed)
         transport_session = caller.transport_session
+        channel = ResponseChannel(
+            send,
+            sse_allowed=sse_allowed,
+            open_stream=None if transport_session is None else transport_session.streams.open_response_stream,
+        )
         caller = dataclasses.replace(caller, relay=StreamRelay(channel, transport_session))
         sessionless = transport_session is None
         in_flight: InFlightCall | None = None
@@ -353,7 +359,7 @@ class FrontDoor:
                     # does revoking its agent session.
                     with self._track_sessionless(caller.principal, call_scope):
                         async with anyio.create_task_group() as tg:
-                            tg.start_soon(_watch_disconnect, receive, call_scope)
+                            tg.start_soon(watch_disconnect, receive, call_scope)
                             reply, status = await self._dispatch(caller, request, sessionless)
                             tg.cancel_scope.cancel()
                 else:
@@ -459,7 +465,7 @@ class FrontDoor:
             error = InvalidParams(
                 "Invalid params: initialize needs protocolVersion, capabilities and clientInfo"
             )
-            await _reject(send, error, request.id, status=400)
+            await reject(send, error, request.id, status=400)
             return
         if self._registry.at_capacity():
             raise TooManySessions()
@@ -487,115 +493,4 @@ class FrontDoor:
         version_header = headers.get("mcp-protocol-version")
         if version_header is not None and version_header != transport_session.protocol_version:
             raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
-        stream = transport_session.server_stream
-        prefix, last_seen = _parse_last_event_id(headers.get("last-event-id"))
-        if prefix != stream_prefix(transport_session):
-            last_seen = None  # an id from another stream resumes nothing here
-        reader = stream.attach()
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"text/event-stream"),
-                        (b"cache-control", b"no-cache, no-transform"),
-                        (b"mcp-session-id", transport_session.id.encode()),
-                    ],
-                }
-            )
-            cursor = last_seen if last_seen is not None else stream.last_id()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
-                while not transport_session.terminated and stream.is_current(reader):
-                    for event_id, payload in stream.after(cursor):
-                        frame = sse_frame(payload, None)
-                        frame = f"id: {stream_prefix(transport_session)}-{event_id}\n".encode() + frame
-                        await send({"type": "http.response.body", "body": frame, "more_body": True})
-                        cursor = event_id
-                    with anyio.move_on_after(_KEEPALIVE_S) as keepalive:
-                        await stream.wait_changed()
-                    if keepalive.cancelled_caught:
-                        await send(
-                            {"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True}
-                        )
-                tg.cancel_scope.cancel()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:
-            pass
-
-
-def stream_prefix(transport_session: TransportSession) -> str:
-    """Event ids name their stream, so a ``Last-Event-ID`` can only resume the stream it came from."""
-    return transport_session.server_stream.nonce
-
-
-def _parse_last_event_id(value: str | None) -> tuple[str | None, int | None]:
-    if not value:
-        return None, None
-    prefix, _, number = value.rpartition("-")
-    try:
-        return prefix, int(number)
-    except ValueError:
-        return None, None
-
-
-def _meta_of(decoded: dict[str, Any]) -> dict[str, Any]:
-    params = decoded.get("params")
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    return meta if isinstance(meta, dict) else {}
-
-
-async def _watch_disconnect(receive: Receive, call_scope: anyio.CancelScope | None) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            if call_scope is not None:
-                call_scope.cancel()
-            return
-
-
-async def _read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
-    declared = headers.get("content-length")
-    if declared is not None:
-        try:
-            if int(declared) > limit:
-                raise BodyTooLarge(limit=limit)
-        except ValueError as exc:
-            raise InvalidRequest("Invalid Request: bad Content-Length") from exc
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise InvalidRequest("Invalid Request: the client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(limit=limit)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _accepted(send: Send) -> None:
-    await send({"type": "http.response.start", "status": 202, "headers": []})
-    await send({"type": "http.response.body", "body": b""})
-
-
-async def _reject(
-    send: Send,
-    error: BastionError,
-    request_id: RequestId | None,
-    *,
-    status: int | None = None,
-    challenge: str = 'Bearer realm="bastion"',
-) -> None:
-    body = dumps(error_message(request_id, error))
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if error.http_status == 401:
-        headers.append((b"www-authenticate", challenge.encode()))
-    if error.http_status == 405:
-        headers.append((b"allow", b"GET, POST, DELETE"))
-    await send({"type": "http.response.start", "status": status or error.http_status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+        await serve_event_stream(receive, send, transport_session, headers.get("last-event-id"))

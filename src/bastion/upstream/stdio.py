@@ -43,6 +43,7 @@ from bastion.upstream.base import (
     UpstreamHealth,
     UpstreamReplied,
 )
+from bastion.upstream.failure import describe_exit, describe_failure
 from bastion.upstream.input_rounds import ParkedRounds, asks_in_rounds, round_trip
 from bastion.upstream.relay import RequestRelay
 from bastion.versions import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION
@@ -97,6 +98,8 @@ class StdioUpstream:
         self._parked = ParkedRounds()
         self._supervision = anyio.CancelScope()
         self._detail: str | None = "not started"
+        self._stderr_tail: str | None = None
+        self._exit_status: int | None = None
         self._tools = 0
         self.restarts = 0
         self.pid: int | None = None
@@ -140,7 +143,9 @@ class StdioUpstream:
                 await self._run_once()
                 delay = self._backoff[0]
             except Exception as exc:
-                self._detail = f"{type(exc).__name__}: {exc}"
+                self._detail = describe_failure(
+                    exc, exit_status=self._exit_status, stderr_tail=self._stderr_tail
+                )
                 logger.warning("upstream %s failed: %s", self.name, self._detail)
             if self._closing:
                 return
@@ -149,6 +154,7 @@ class StdioUpstream:
             delay = min(delay * 2, self._backoff[1])
 
     async def _run_once(self) -> None:
+        self._exit_status = self._stderr_tail = None
         env = {**os.environ, **dict(self.spec.env)}
         process = await anyio.open_process(
             guarded_command([self.spec.command or "", *self.spec.args]),  # ends with Bastion (#11)
@@ -171,7 +177,8 @@ class StdioUpstream:
                 tg.cancel_scope.cancel()
         finally:
             self._ready = anyio.Event()
-            self._detail = f"process exited with status {process.returncode}"
+            self._exit_status = process.returncode
+            self._detail = describe_exit(process.returncode, self._stderr_tail)
             self._fail_pending()
             self._process = None
             await self._stop_process(process)
@@ -179,7 +186,8 @@ class StdioUpstream:
                 self._on_process_event("exited", self)
 
     async def _handshake(self) -> None:
-        with anyio.fail_after(self.spec.timeout_s or 30.0):
+        timeout_s = self.spec.timeout_s or 30.0
+        with anyio.fail_after(timeout_s, reason=f"no answer to initialize within {timeout_s:g} s"):
             result = await self._request_raw(
                 "initialize",
                 {
@@ -225,6 +233,7 @@ class StdioUpstream:
         async for chunk in TextReceiveStream(process.stderr, errors="replace"):
             for line in chunk.splitlines():
                 if line.strip():
+                    self._stderr_tail = line[:200]  # named in /readyz if the process dies (issue #12)
                     logger.debug("upstream %s stderr: %s", self.name, line[:500])
 
     async def _read_loop(self, process: anyio.abc.Process, scope: anyio.CancelScope) -> None:

@@ -53,6 +53,7 @@ from bastion.upstream.era_paths import (
     wants_session_path,
     with_log_level,
 )
+from bastion.upstream.failure import describe_failure
 from bastion.upstream.input_rounds import ParkedRounds, ask_mid_call, asks_in_rounds, round_trip
 from bastion.upstream.relay import RequestRelay
 from bastion.upstream.resume import Reconnect, messages_resuming
@@ -531,7 +532,7 @@ class HttpUpstream:
         try:
             response = await self._client.send(request, stream=True)
         except _SEND_FAILURES as exc:
-            raise UpstreamUnavailable(f"upstream {self.name}: {type(exc).__name__}") from exc
+            raise UpstreamUnavailable(f"upstream {self.name}: {describe_failure(exc)}") from exc
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"upstream {self.name}: {type(exc).__name__}") from exc
         except httpx.HTTPError as exc:

@@ -500,8 +500,58 @@ CONSTRUCTOR_INVALID = [
     pytest.param(
         MINIMAL
         + f'\n[agents.a]\ntoken_sha256 = "{OTHER_HASH}"\n\n[agents.b]\ntoken_sha256 = "{OTHER_HASH}"\n',
-        "agents: two agents share one token",
+        "agents.b.token_sha256: the same credential as agents.a.token_sha256",
         id="shared-token",
+    ),
+    # Issue #12: each of these named no key before.
+    pytest.param(
+        "[gateway]\nupstream_timeout_s = -1\n" + MINIMAL,
+        "gateway.upstream_timeout_s must be positive",
+        id="negative-gateway-timeout",
+    ),
+    pytest.param(
+        "[gateway]\ntransport_session_idle_s = 0\n" + MINIMAL,
+        "gateway.transport_session_idle_s must be positive",
+        id="zero-idle-timeout",
+    ),
+    pytest.param(
+        "[gateway]\nmax_transport_sessions_per_agent = 0\n" + MINIMAL,
+        "gateway.max_transport_sessions_per_agent must be at least 1",
+        id="zero-sessions-per-agent",
+    ),
+    pytest.param(
+        MINIMAL + '\n[auth]\nadmin_token_sha256 = "abc"\n',
+        "auth.admin_token_sha256 must be 64 lowercase hex characters",
+        id="bad-admin-digest",
+    ),
+    pytest.param(
+        MINIMAL + f'\n[auth]\nauditor_token_sha256 = ["{OTHER_HASH}", "abc"]\n',
+        "auth.auditor_token_sha256[1] must be 64 lowercase hex characters",
+        id="bad-auditor-digest",
+    ),
+    pytest.param(
+        MINIMAL + f'\n[auth]\nadmin_token_sha256 = "{OTHER_HASH}"\nauditor_token_sha256 = ["{OTHER_HASH}"]\n',
+        "auth.auditor_token_sha256[0]: the same credential as auth.admin_token_sha256",
+        id="admin-is-auditor",
+    ),
+    pytest.param(
+        MINIMAL
+        + f'\n[agents.demo]\ntoken_sha256 = "{OTHER_HASH}"\n\n[auth]\nadmin_token_sha256 = "{OTHER_HASH}"\n',
+        "auth.admin_token_sha256: the same credential as agents.demo.token_sha256",
+        id="agent-is-admin",
+    ),
+    pytest.param(
+        MINIMAL
+        + '\n[auth.oauth]\nissuer = "https://id.example.com"\njwks_url = "https://id.example.com/jwks"\n',
+        "auth.oauth.audience must be this gateway's resource URL",
+        id="oauth-without-audience",
+    ),
+    pytest.param(
+        MINIMAL
+        + '\n[auth]\nresource_url = "https://gw.example.com/mcp"\n[auth.oauth]\nissuer = "https://id.example.com"\n'
+        + 'jwks_url = "ftp://id.example.com/jwks"\n',
+        "auth.oauth.jwks_url must be https",
+        id="oauth-jwks-not-https",
     ),
 ]
 

@@ -1,0 +1,79 @@
+"""HTTP-level reading and writing for the front door: body limits, disconnects, 202s, error answers.
+
+Plain ASGI helpers shared by ``transport/streamable_http.py`` and
+``transport/resume.py``; they decide nothing about MCP.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from starlette.datastructures import Headers
+from starlette.types import Receive, Send
+
+from bastion.errors import BastionError, BodyTooLarge, InvalidRequest
+from bastion.transport.jsonrpc import RequestId, dumps, error_message
+
+__all__ = ["accepted", "meta_of", "read_body", "reject", "watch_disconnect"]
+
+
+def meta_of(decoded: dict[str, Any]) -> dict[str, Any]:
+    params = decoded.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+async def watch_disconnect(receive: Receive, call_scope: anyio.CancelScope | None) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if call_scope is not None:
+                call_scope.cancel()
+            return
+
+
+async def read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
+    declared = headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise BodyTooLarge(limit=limit)
+        except ValueError as exc:
+            raise InvalidRequest("Invalid Request: bad Content-Length") from exc
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise InvalidRequest("Invalid Request: the client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit=limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def accepted(send: Send) -> None:
+    await send({"type": "http.response.start", "status": 202, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def reject(
+    send: Send,
+    error: BastionError,
+    request_id: RequestId | None,
+    *,
+    status: int | None = None,
+    challenge: str = 'Bearer realm="bastion"',
+) -> None:
+    body = dumps(error_message(request_id, error))
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if error.http_status == 401:
+        headers.append((b"www-authenticate", challenge.encode()))
+    if error.http_status == 405:
+        headers.append((b"allow", b"GET, POST, DELETE"))
+    await send({"type": "http.response.start", "status": status or error.http_status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
