@@ -16,6 +16,7 @@
     │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
     ├─ CallRefused            inside a call: HTTP 200 + JSON-RPC error in -32000…-32099
     │  ├─ UnknownTool   GrantDenied   InvalidCmcpEnvelope   ArgumentConstraintFailed   RateLimited
+    │  ├─ UnknownResource   UnknownPrompt   (issue 9: what is hidden is answered as unknown)
 │  ├─ InputRoundUnknown (a requestState this replica does not hold for this agent)
     │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
     │  └─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
@@ -77,6 +78,8 @@ __all__ = [
     "StoreError",
     "TooManySessions",
     "Unauthenticated",
+    "UnknownPrompt",
+    "UnknownResource",
     "UnknownTool",
     "UnsupportedMediaType",
     "UnsupportedProtocolVersion",
@@ -115,6 +118,8 @@ class Reason(enum.StrEnum):
     AGENT_SESSION_EXPIRED = "agent_session_expired"
     AGENT_SESSION_REVOKED = "agent_session_revoked"
     UNKNOWN_TOOL = "unknown_tool"
+    UNKNOWN_RESOURCE = "unknown_resource"
+    UNKNOWN_PROMPT = "unknown_prompt"
     GRANT_DENIED = "grant_denied"
     CMCP_INVALID = "cmcp_invalid"
     ARGUMENT_CONSTRAINT_FAILED = "argument_constraint_failed"
@@ -338,6 +343,20 @@ class UnknownTool(CallRefused):
     reason = Reason.UNKNOWN_TOOL
     jsonrpc_code = -32602
     default_message = "Unknown tool"
+
+
+class UnknownResource(CallRefused):
+    """No visible upstream serves this URI (MCP's "Resource not found" code)."""
+
+    reason = Reason.UNKNOWN_RESOURCE
+    jsonrpc_code = -32002
+    default_message = "Resource not found"
+
+
+class UnknownPrompt(CallRefused):
+    reason = Reason.UNKNOWN_PROMPT
+    jsonrpc_code = -32602
+    default_message = "Unknown prompt"
 
 
 class GrantDenied(CallRefused):

@@ -48,7 +48,7 @@ from bastion.crypto.keys import Keyring
 from bastion.errors import AgentSessionRevoked, BastionError, ConfigError, StoreError, WorkerSuperseded
 from bastion.ids import AgentId, WorkerId
 from bastion.methods import MethodRouter
-from bastion.policy.decide import RateLimiter, visible_tools
+from bastion.policy.decide import RateLimiter, SurfaceKind, surface_reachable, visible_tools
 from bastion.policy.digest import snapshot_digest
 from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
@@ -57,7 +57,12 @@ from bastion.policy.snapshot import Snapshot
 from bastion.propagation.feed import PollingChangeFeed, notifications_for
 from bastion.propagation.follower import ReplicaFollower
 from bastion.propagation.policy_status import read_fleet_policy, report_policy
-from bastion.session.listeners import TOOLS_LIST_CHANGED, ListenerHub
+from bastion.session.listeners import (
+    PROMPTS_LIST_CHANGED,
+    RESOURCES_LIST_CHANGED,
+    TOOLS_LIST_CHANGED,
+    ListenerHub,
+)
 from bastion.session.registry import SessionRegistry
 from bastion.session.replay import ReplayLimits
 from bastion.session.shared import SharedSessions
@@ -167,7 +172,10 @@ class Gateway:
         # Loops that write to the store: ended before the store closes (issue #11 point 16).
         self.background = BackgroundTasks()
         self.fleet = UpstreamFleet(
-            snapshot, on_namespace_changed=self.broadcast_tools_changed, on_process_event=self._process_event
+            snapshot,
+            on_namespace_changed=self.broadcast_tools_changed,
+            on_process_event=self._process_event,
+            on_surface_changed=self.broadcast_surface_changed,
         )
         self.health = StoreHealth(refuse_when_degraded=options.refuse_when_store_degraded)
         # Per client session and namespace: connected (upstream up) and attached (in its surface).
@@ -845,6 +853,23 @@ class Gateway:
             "notifications/tools/list_changed",
             lambda principal: bool(visible_tools(snapshot, principal, entries)),
         )
+
+    async def broadcast_surface_changed(self, server: str, method: str) -> None:
+        """Tell the client sessions (and listen streams) whose grants reach that server's prompts or
+        resources that the list changed (issue 9)."""
+        prompts = method == "notifications/prompts/list_changed"
+        kind = SurfaceKind.PROMPT if prompts else SurfaceKind.RESOURCE
+        snapshot = self.snapshot()
+        namespace = self.fleet.upstreams[server].namespace
+
+        def sees(principal: Principal) -> bool:
+            return surface_reachable(snapshot, principal, kind, server, namespace)
+
+        payload = dumps({"jsonrpc": "2.0", "method": method})
+        for transport_session in self.registry:
+            if sees(transport_session.principal):
+                transport_session.server_stream.publish(payload)
+        self.listeners.publish(PROMPTS_LIST_CHANGED if prompts else RESOURCES_LIST_CHANGED, method, sees)
 
     async def _sweep_idle(self) -> None:
         while True:

@@ -3,8 +3,8 @@
 Owns the method table: ``ping``, ``server/discover`` (sessionless era),
 ``tools/list`` (the one namespaced surface), ``tools/call`` (``call.py``),
 ``logging/setLevel``, ``subscriptions/listen`` (sessionless era: the response
-is the change-notification stream); everything else is ``MethodNotFound``
-with a clear message (resources and prompts follow in a later issue).
+is the change-notification stream), and resources, prompts and completion
+(``surface/``, issue 9); everything else is ``MethodNotFound``.
 ``initialize`` is the session handshake and lives in ``transport/``.
 
 Each era has its own table: 2026-07-28 removed ``ping``, ``initialize`` and
@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bastion import __version__
+from bastion.auth.principal import Principal
 from bastion.call import ToolCallPath
 from bastion.caller import Caller
 from bastion.errors import InvalidParams, MethodNotFound
@@ -26,6 +27,10 @@ from bastion.policy.decide import visible_tools
 from bastion.policy.snapshot import Snapshot
 from bastion.session.listeners import ListenerHub, honored_filter
 from bastion.session.state import TransportSession
+from bastion.surface.capabilities import surface_capabilities
+from bastion.surface.completion import CompletionPath
+from bastion.surface.prompts import PromptPath
+from bastion.surface.resources import ResourcePath
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.versions import SUPPORTED_VERSIONS
 
@@ -33,7 +38,6 @@ __all__ = ["SERVER_CAPABILITIES", "SERVER_INFO", "MethodRouter", "for_sessionles
 
 SERVER_INFO = {"name": "bastion", "version": __version__}
 SERVER_CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": True}, "logging": {}}
-_NOT_YET = ("resources/", "prompts/", "completion/")
 # Methods that do not exist on the 2026-07-28 wire, and those that exist only there.
 REMOVED_AT_MODERN: frozenset[str] = frozenset({"ping", "initialize", "logging/setLevel"})
 MODERN_ONLY: frozenset[str] = frozenset({"server/discover", "subscriptions/listen"})
@@ -87,12 +91,27 @@ class MethodRouter:
         self._snapshot = snapshot
         self._fleet = fleet
         self._call_path = call_path
+        resources = ResourcePath(fleet, snapshot)
+        prompts = PromptPath(fleet, snapshot)
         self._handlers: dict[str, Handler] = {
             "ping": self._ping,
             "server/discover": self._discover,
             "tools/list": self._tools_list,
             "tools/call": self._call_path.call_tool,
             "logging/setLevel": self._set_level,
+            "resources/list": resources.list_resources,
+            "resources/templates/list": resources.list_templates,
+            "resources/read": resources.read,
+            "prompts/list": prompts.list_prompts,
+            "prompts/get": prompts.get,
+            "completion/complete": CompletionPath(fleet, snapshot, prompts).complete,
+        }
+
+    def capabilities_for(self, principal: Principal) -> dict[str, Any]:
+        """What this principal is told the gateway offers (resources etc. only where it may see some)."""
+        return {
+            **SERVER_CAPABILITIES,
+            **surface_capabilities(self._fleet, self._snapshot(), principal),
         }
 
     async def dispatch(
@@ -114,10 +133,6 @@ class MethodRouter:
             return await self._listen(caller, params, request_id)
         handler = self._handlers.get(method)
         if handler is None or (not sessionless and method in MODERN_ONLY):
-            if method.startswith(_NOT_YET):
-                raise MethodNotFound(
-                    f"Method not found: {method} is not served by this gateway yet", method=method
-                )
             raise MethodNotFound(f"Method not found: {method}", method=method)
         return await handler(caller, params)
 
@@ -127,7 +142,7 @@ class MethodRouter:
     async def _discover(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         return {
             "supportedVersions": list(SUPPORTED_VERSIONS),
-            "capabilities": SERVER_CAPABILITIES,
+            "capabilities": self.capabilities_for(caller.principal),
             "instructions": "Bastion gateway: tools are named <namespace>__<tool>.",
             "_meta": {"io.modelcontextprotocol/serverInfo": SERVER_INFO},
         }

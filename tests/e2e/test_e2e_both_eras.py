@@ -97,13 +97,14 @@ async def test_ping(running_gateway: RunningGateway) -> None:
     assert result is not None
 
 
-async def test_resources_and_prompts_are_a_clear_error(running_gateway: RunningGateway) -> None:
-    """Methods not served yet answer method-not-found with a message naming them."""
+async def test_resources_and_prompts_of_upstreams_that_have_none_are_empty_lists(
+    running_gateway: RunningGateway,
+) -> None:
+    """Upstreams that declare resources and prompts but hold none: the lists answer empty, not -32601."""
     async with running_gateway.client(mode="legacy") as client:
-        with pytest.raises(MCPError) as caught:
-            await client.list_resources()
-    assert caught.value.error.code == -32601
-    assert "resources/list" in caught.value.error.message
+        resources = await client.list_resources()
+        prompts = await client.list_prompts()
+    assert resources.resources == [] and prompts.prompts == []
 
 
 @pytest.mark.parametrize("namespace", ["notes", "tools"])

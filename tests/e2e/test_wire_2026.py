@@ -141,7 +141,7 @@ async def test_listen_delivers_tools_list_changed_to_the_official_client(
         assert client.protocol_version == "2026-07-28"
         async with client.listen(tools_list_changed=True, prompts_list_changed=True) as subscription:
             assert subscription.honored.tools_list_changed is True
-            assert not subscription.honored.prompts_list_changed
+            assert subscription.honored.prompts_list_changed is True  # issue 9
             assert len(running_gateway.gateway.listeners) == 1
             await running_gateway.gateway.broadcast_tools_changed("tools")
             with anyio.fail_after(10):
@@ -168,7 +168,7 @@ async def test_listen_frames_carry_the_subscription_id(running_gateway: RunningG
                         await running_gateway.gateway.broadcast_tools_changed("tools")
                         running_gateway.gateway.listeners.close_all()
     assert frames[0]["method"] == "notifications/subscriptions/acknowledged"
-    assert frames[0]["params"]["notifications"] == {}
+    assert frames[0]["params"]["notifications"] == {"promptsListChanged": True}
     assert frames[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "sub-1"
     # No tools/list_changed (not asked for); the graceful end is the listen result with the same id.
     assert [f.get("method") for f in frames[1:]] == [None]

@@ -34,8 +34,12 @@ __all__ = [
     "DecisionBasis",
     "GrantDecision",
     "RateLimiter",
+    "SurfaceKind",
     "decide",
+    "decide_surface",
     "rate_limited",
+    "surface_reachable",
+    "surface_visible",
     "visible_tools",
 ]
 
@@ -280,6 +284,65 @@ def visible_tools(snapshot: Snapshot, principal: Principal, catalog_entries: Ite
         return entries
     mine = _for_principal(snapshot.grants, principal)
     return [e for e in entries if any(g.covers_target(e.server, e.namespace, e.upstream_name) for g in mine)]
+
+
+class SurfaceKind(enum.StrEnum):
+    """What a resources/prompts decision is about (issue 9): which grant patterns match it."""
+
+    RESOURCE = "resource"  # an upstream resource URI or URI template
+    PROMPT = "prompt"  # an upstream prompt name
+
+
+def surface_visible(
+    snapshot: Snapshot, principal: Principal, kind: SurfaceKind, server: str, namespace: str, name: str
+) -> bool:
+    """Whether this principal may see ``name`` (for list filtering); no grants declared: everything."""
+    if not snapshot.grants:
+        return True
+    return any(_covers(g, kind, server, namespace, name) for g in _for_principal(snapshot.grants, principal))
+
+
+def surface_reachable(
+    snapshot: Snapshot, principal: Principal, kind: SurfaceKind, server: str, namespace: str
+) -> bool:
+    """Whether some grant of this principal could show it anything of this kind on ``server``
+    (capability advertisement); no grants declared: yes."""
+    if not snapshot.grants:
+        return True
+    return any(
+        (server in g.servers or namespace in g.namespaces)
+        and bool(g.resources if kind is SurfaceKind.RESOURCE else g.prompts)
+        for g in _for_principal(snapshot.grants, principal)
+    )
+
+
+def decide_surface(
+    snapshot: Snapshot, principal: Principal, kind: SurfaceKind, server: str, namespace: str, name: str
+) -> GrantDecision:
+    """Decide one read, get or completion of ``name`` (upstream URI, template or prompt name).
+
+    Raises:
+        GrantDenied: no grant of this principal covers it (the caller answers "unknown").
+    """
+    version = snapshot.version
+    if not snapshot.grants:
+        return GrantDecision(DecisionBasis.NO_GRANTS_DECLARED, (), False, version)
+    allowing = [
+        g for g in _for_principal(snapshot.grants, principal) if _covers(g, kind, server, namespace, name)
+    ]
+    if not allowing:
+        raise GrantDenied(
+            f"Denied by policy: no grant allows {kind.value} on {server}",
+            server=server,
+            policy_version=version,
+        )
+    return GrantDecision(DecisionBasis.GRANT, tuple(g.name for g in allowing), False, version)
+
+
+def _covers(grant: Grant, kind: SurfaceKind, server: str, namespace: str, name: str) -> bool:
+    if kind is SurfaceKind.RESOURCE:
+        return grant.covers_resource(server, namespace, name)
+    return grant.covers_prompt(server, namespace, name)
 
 
 def _for_principal(grants: Iterable[Grant], principal: Principal) -> list[Grant]:

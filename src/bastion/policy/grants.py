@@ -119,6 +119,10 @@ class Rate:
 class Grant:
     """One ``[[grants]]`` entry: a subject may call some tools of some servers.
 
+    ``resources`` (globs over upstream resource URIs and URI templates) and
+    ``prompts`` (globs over upstream prompt names) extend the grant to those
+    surfaces (issue 9); a grant may name only them, then ``tools`` is empty.
+
     ``servers`` are server table names, ``namespaces`` are namespaces; a call is
     covered when its server is in ``servers`` or its namespace is in
     ``namespaces`` (at least one of the two is non-empty), and its upstream tool
@@ -140,20 +144,25 @@ class Grant:
     arguments_schema: Mapping[str, Any] | None = None
     require_execution_id: bool = False
     rate: Rate | None = None
+    # Issue 9: patterns over upstream resource URIs and URI templates, and over upstream prompt names.
+    resources: tuple[str, ...] = ()
+    prompts: tuple[str, ...] = ()
     _validator: jsonschema.protocols.Validator | None = field(
         default=None, init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
+        object.__setattr__(self, "resources", tuple(self.resources))
+        object.__setattr__(self, "prompts", tuple(self.prompts))
         object.__setattr__(self, "servers", frozenset(self.servers))
         object.__setattr__(self, "namespaces", frozenset(self.namespaces))
         if not _GRANT_NAME.match(self.name) and not _is_positional_name(self.name):
             raise ConfigError(f"grant name {self.name!r} must match ^[a-zA-Z0-9_.-]{{1,64}}$")
         where = f"grant {self.name}"
-        if not self.tools:
+        if not self.tools and not self.resources and not self.prompts:
             raise ConfigError(f'{where}: tools must not be empty (use ["*"] for every tool)')
-        for pattern in self.tools:
+        for pattern in (*self.tools, *self.resources, *self.prompts):
             if not isinstance(pattern, str) or not pattern or pattern != pattern.strip():
                 raise ConfigError(f"{where}: every tool pattern must be a non-empty string without spaces")
         if not self.servers and not self.namespaces:
@@ -175,6 +184,18 @@ class Grant:
         if server not in self.servers and namespace not in self.namespaces:
             return False
         return any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.tools)
+
+    def covers_resource(self, server: str, namespace: str, uri: str) -> bool:
+        """Whether this grant names the server (or namespace) and a pattern matches the URI or template."""
+        if server not in self.servers and namespace not in self.namespaces:
+            return False
+        return any(fnmatch.fnmatchcase(uri, pattern) for pattern in self.resources)
+
+    def covers_prompt(self, server: str, namespace: str, prompt: str) -> bool:
+        """Whether this grant names the server (or namespace) and a pattern matches the prompt name."""
+        if server not in self.servers and namespace not in self.namespaces:
+            return False
+        return any(fnmatch.fnmatchcase(prompt, pattern) for pattern in self.prompts)
 
     def argument_violation(self, arguments: Mapping[str, Any]) -> str | None:
         """``None`` when the arguments satisfy the schema (or there is none), else the failing schema path.

@@ -101,6 +101,8 @@ _GRANT_KEYS = _SUBJECT_KEYS | {
     "servers",
     "namespaces",
     "tools",
+    "resources",
+    "prompts",
     "arguments_schema",
     "require_execution_id",
     "rate",
@@ -520,11 +522,20 @@ def _read_grant(
             )
     if not granted_servers and not granted_namespaces:
         raise ctx.error(key, "a grant needs a non-empty servers or namespaces array")
-    if "tools" not in table:
+    # Resources and prompts (issue 9): globs over upstream URIs / URI templates and prompt names.
+    surfaces: dict[str, list[str]] = {}
+    for field in ("resources", "prompts"):
+        surfaces[field] = ctx.string_list(table[field], f"{key}.{field}") if field in table else []
+        for position, pattern in enumerate(surfaces[field]):
+            if not pattern or pattern != pattern.strip():
+                raise ctx.error(f"{key}.{field}[{position}]", "must be a non-empty pattern without spaces")
+    tools: list[str] = []
+    if "tools" not in table and not surfaces["resources"] and not surfaces["prompts"]:
         raise ctx.error(f"{key}.tools", 'missing key: tool names or globs (["*"] for every tool)')
-    tools = ctx.string_list(table["tools"], f"{key}.tools")
-    if not tools:
-        raise ctx.error(f"{key}.tools", 'must not be empty (["*"] for every tool)')
+    if "tools" in table:
+        tools = ctx.string_list(table["tools"], f"{key}.tools")
+        if not tools:
+            raise ctx.error(f"{key}.tools", 'must not be empty (["*"] for every tool)')
     for position, pattern in enumerate(tools):
         if not pattern or pattern != pattern.strip():
             raise ctx.error(f"{key}.tools[{position}]", "must be a non-empty name or glob without spaces")
@@ -556,6 +567,8 @@ def _read_grant(
         name=name,
         subject=Subject(kind, subject_name),
         tools=tuple(tools),
+        resources=tuple(surfaces["resources"]),
+        prompts=tuple(surfaces["prompts"]),
         servers=frozenset(granted_servers),
         namespaces=frozenset(granted_namespaces),
         arguments_schema=schema,

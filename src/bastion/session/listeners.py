@@ -22,12 +22,21 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from bastion.auth.principal import Principal
 
-__all__ = ["HONORED_KINDS", "TOOLS_LIST_CHANGED", "ListenStream", "ListenerHub", "honored_filter"]
+__all__ = [
+    "HONORED_KINDS",
+    "PROMPTS_LIST_CHANGED",
+    "RESOURCES_LIST_CHANGED",
+    "TOOLS_LIST_CHANGED",
+    "ListenStream",
+    "ListenerHub",
+    "honored_filter",
+]
 
-# Filter keys this gateway delivers. Prompts and resources join with the surface issue; until
-# then they are left out of the acknowledgment, as the spec asks for unsupported kinds.
-HONORED_KINDS: frozenset[str] = frozenset({"toolsListChanged"})
 TOOLS_LIST_CHANGED = "toolsListChanged"
+PROMPTS_LIST_CHANGED = "promptsListChanged"  # issue 9
+RESOURCES_LIST_CHANGED = "resourcesListChanged"  # issue 9
+# Filter keys this gateway delivers; others are left out of the acknowledgment, as the spec asks.
+HONORED_KINDS: frozenset[str] = frozenset({TOOLS_LIST_CHANGED, PROMPTS_LIST_CHANGED, RESOURCES_LIST_CHANGED})
 _BUFFERED_EVENTS = 64
 
 

@@ -54,7 +54,7 @@ from bastion.errors import (
     UnsupportedProtocolVersion,
 )
 from bastion.ids import AgentId
-from bastion.methods import SERVER_CAPABILITIES, SERVER_INFO, MethodRouter, for_sessionless_wire
+from bastion.methods import SERVER_INFO, MethodRouter, for_sessionless_wire
 from bastion.policy.snapshot import Snapshot
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import InFlightCall, TransportSession
@@ -478,7 +478,7 @@ class FrontDoor:
             await self._replicas.record_opened(transport_session)
         result = {
             "protocolVersion": negotiated,
-            "capabilities": SERVER_CAPABILITIES,
+            "capabilities": self._router.capabilities_for(principal),
             "serverInfo": SERVER_INFO,
             "instructions": "Bastion gateway: one governed surface over several MCP servers.",
         }

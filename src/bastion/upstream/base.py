@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import anyio.abc
 
 __all__ = [
+    "SURFACE_LIST_CHANGED",
     "CallContext",
     "CallRelay",
     "ClientDeclined",
@@ -72,6 +73,10 @@ class CallRelay(Protocol):
 
 
 ListChangedCallback = Callable[[str], Coroutine[Any, Any, None]]
+# An upstream's prompts or resources changed (issue 9): the fleet refreshes and clients are told.
+SURFACE_LIST_CHANGED = frozenset(
+    {"notifications/prompts/list_changed", "notifications/resources/list_changed"}
+)
 
 
 class UpstreamSessions:

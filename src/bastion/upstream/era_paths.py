@@ -40,7 +40,11 @@ LOG_LEVELS: Final[tuple[str, ...]] = (
     "emergency",
 )
 # What Bastion listens for on a sessionless upstream's subscriptions/listen stream.
-LIST_CHANGED_FILTER: Final[dict[str, bool]] = {"toolsListChanged": True}
+LIST_CHANGED_FILTER: Final[dict[str, bool]] = {
+    "toolsListChanged": True,
+    "promptsListChanged": True,  # issue 9
+    "resourcesListChanged": True,
+}
 
 
 def wants_session_path(speaks_session: bool, ctx: CallContext) -> bool:

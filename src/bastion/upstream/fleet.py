@@ -22,7 +22,7 @@ import httpx2 as httpx
 from bastion.background import BackgroundTasks
 from bastion.errors import ConfigError, UpstreamError
 from bastion.policy.snapshot import TOOL_NAME_RULE, ServerSpec, Snapshot, UpstreamKind
-from bastion.upstream.base import Upstream, UpstreamHealth, UpstreamReplied
+from bastion.upstream.base import CallContext, Upstream, UpstreamHealth, UpstreamReplied
 from bastion.upstream.catalog import Collision, ToolEntry, all_collisions, exposed_name, merge_catalog
 from bastion.upstream.health import HealthSchedule, UpstreamProber
 from bastion.upstream.stdio import StdioUpstream
@@ -44,6 +44,7 @@ class UpstreamFleet:
         snapshot: Snapshot,
         *,
         on_namespace_changed: NamespaceChanged | None = None,
+        on_surface_changed: Callable[[str, str], Awaitable[None]] | None = None,
         on_process_event: Callable[[str, Any], None] | None = None,
         health_schedule: HealthSchedule | None = None,
     ) -> None:
@@ -60,12 +61,20 @@ class UpstreamFleet:
         self.upstreams: dict[str, Upstream] = {
             name: self._build(spec) for name, spec in snapshot.servers.items()
         }
+        self._on_surface_changed = on_surface_changed
+        for upstream in self.upstreams.values():
+            if isinstance(upstream, HttpUpstream | StdioUpstream):
+                upstream.on_surface_changed = self._surface_changed
         self._tools_by_server: dict[str, list[ToolEntry]] = {name: [] for name in self.upstreams}
         self._catalog: Mapping[str, ToolEntry] = MappingProxyType({})
         self.skipped_tools: list[str] = []
         self._skipped_by_server: dict[str, list[str]] = {}
         # Tools left out because another server holds their exposed name (never shadowed).
         self.tool_collisions: list[Collision] = []
+        # Prompts are one surface like tools (issue 9): namespaced, never shadowed.
+        self._prompts_by_server: dict[str, list[ToolEntry]] = {name: [] for name in self.upstreams}
+        self._prompt_catalog: Mapping[str, ToolEntry] = MappingProxyType({})
+        self.prompt_collisions: list[Collision] = []
         self._refresh_lock = anyio.Lock()
         self._background = BackgroundTasks()
         # Active health for HTTP upstreams (issue #11): stdio processes are supervised instead.
@@ -95,6 +104,10 @@ class UpstreamFleet:
         if collisions:
             named = "; ".join(f"{c.name!r} from {c.holder} and {c.refused}" for c in collisions)
             raise ConfigError(f"servers: tool names collide: {named}")
+        collisions = all_collisions(self._prompts_by_server)
+        if collisions:
+            named = "; ".join(f"{c.name!r} from {c.holder} and {c.refused}" for c in collisions)
+            raise ConfigError(f"servers: prompt names collide: {named}")
         for prober in self.probers.values():
             self._background.start_soon(task_group, prober.run)
 
@@ -117,6 +130,82 @@ class UpstreamFleet:
     def lookup(self, exposed_name: str) -> ToolEntry | None:
         return self._catalog.get(exposed_name)
 
+    def lookup_prompt(self, exposed_name: str) -> ToolEntry | None:
+        return self._prompt_catalog.get(exposed_name)
+
+    @property
+    def prompt_catalog(self) -> Mapping[str, ToolEntry]:
+        return self._prompt_catalog
+
+    def offers(self, server: str, capability: str) -> bool:
+        """Whether ``server`` declared ``capability`` (``resources``, ``prompts``, ``completions``)."""
+        capabilities = getattr(self.upstreams[server], "server_capabilities", None)
+        return isinstance(capabilities, dict) and capability in capabilities
+
+    def server_of_namespace(self, namespace: str) -> str | None:
+        for name, upstream in self.upstreams.items():
+            if upstream.namespace == namespace:
+                return name
+        return None
+
+    def transparent_server(self) -> str | None:
+        for name, spec in self._snapshot.servers.items():
+            if spec.transparent:
+                return name
+        return None
+
+    def is_transparent(self, server: str) -> bool:
+        return self._snapshot.servers[server].transparent
+
+    async def refresh_prompts(self, name: str) -> None:
+        """Learn ``name``'s prompts (all pages) and merge them into the prompt catalog."""
+        upstream = self.upstreams[name]
+        prompts: list[dict[str, Any]] = []
+        if self.offers(name, "prompts"):
+            ctx = CallContext(
+                relay=None, client_capabilities={}, timeout_s=self._snapshot.gateway.upstream_timeout_s
+            )
+            cursor: str | None = None
+            try:
+                for _ in range(100):
+                    result = await upstream.call("prompts/list", {"cursor": cursor} if cursor else {}, ctx)
+                    page = result.get("prompts")
+                    if isinstance(page, list):
+                        prompts.extend(p for p in page if isinstance(p, dict))
+                    cursor = result.get("nextCursor")
+                    if not isinstance(cursor, str) or not cursor:
+                        break
+            except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
+                logger.warning("listing prompts of upstream %s failed: %s", name, exc)
+                return
+        transparent = self.is_transparent(name)
+        entries = [
+            ToolEntry(
+                exposed_name=exposed_name(
+                    upstream.namespace, self._separator, p["name"], transparent=transparent
+                ),
+                server=name,
+                namespace=upstream.namespace,
+                upstream_name=p["name"],
+                definition=MappingProxyType(
+                    {
+                        **p,
+                        "name": exposed_name(
+                            upstream.namespace, self._separator, p["name"], transparent=transparent
+                        ),
+                    }
+                ),
+            )
+            for p in prompts
+            if isinstance(p.get("name"), str) and p["name"]
+        ]
+        async with self._refresh_lock:
+            self._prompts_by_server[name] = entries
+            merged, self.prompt_collisions = merge_catalog(self._prompts_by_server, self._prompt_catalog)
+            if self.prompt_collisions:
+                logger.warning("prompt names collide, the newcomers are left out: %s", self.prompt_collisions)
+            self._prompt_catalog = MappingProxyType(merged)
+
     async def refresh_server(self, name: str) -> None:
         upstream = self.upstreams[name]
         try:
@@ -124,6 +213,7 @@ class UpstreamFleet:
         except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
             logger.warning("listing tools of upstream %s failed: %s", name, exc)
             return
+        await self.refresh_prompts(name)
         entries: list[ToolEntry] = []
         skipped: list[str] = []
         for tool in tools:
@@ -160,6 +250,13 @@ class UpstreamFleet:
             # transparent server's names have no prefix at all.
             self._skipped_by_server[name] = skipped
             self.skipped_tools = [tool for tools in self._skipped_by_server.values() for tool in tools]
+
+    async def _surface_changed(self, server: str, method: str) -> None:
+        """An upstream's prompts or resources changed: refresh the prompt catalog, then tell clients."""
+        if method == "notifications/prompts/list_changed":
+            await self.refresh_prompts(server)
+        if self._on_surface_changed is not None:
+            await self._on_surface_changed(server, method)
 
     async def _list_changed(self, server: str) -> None:
         await self.refresh_server(server)

@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from bastion.children import guarded_command
 from bastion.errors import OutcomeUnknown, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from bastion.policy.snapshot import ServerSpec
 from bastion.upstream.base import (
+    SURFACE_LIST_CHANGED,
     CallContext,
     ClientDeclined,
     ListChangedCallback,
@@ -83,6 +84,9 @@ class StdioUpstream:
         self.namespace = spec.namespace
         self.era = UpstreamEra.SESSION
         self._on_list_changed = on_list_changed
+        self.server_capabilities: dict[str, Any] = {}
+        # Set by the fleet: prompts/resources list_changed from this upstream (issue 9).
+        self.on_surface_changed: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
         self._backoff = restart_backoff_s
         self._on_process_event = on_process_event
         self._ids = itertools.count(1)
@@ -194,6 +198,9 @@ class StdioUpstream:
                 RequestRelay(None, None),
                 {},
             )
+            capabilities = result.get("capabilities")
+            # What it offers (resources, prompts, completions: issue 9).
+            self.server_capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
             if result.get("protocolVersion") not in HANDSHAKE_VERSIONS:
                 raise UpstreamProtocolError(
                     f"upstream {self.name} negotiated {result.get('protocolVersion')!r}"
@@ -271,6 +278,11 @@ class StdioUpstream:
         pending.done.set()
 
     async def _on_notification(self, method: str, params: dict[str, Any]) -> None:
+        if method in SURFACE_LIST_CHANGED:
+            if self.on_surface_changed is not None and self._task_group is not None:
+                # Not awaited here: refreshing sends prompts/list, whose answer this loop must read.
+                self._task_group.start_soon(self.on_surface_changed, self.name, method)
+            return
         if method == "notifications/tools/list_changed":
             if self._on_list_changed is not None and self._task_group is not None:
                 # Not awaited here: refreshing sends tools/list, whose answer this very loop must read.

@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ from bastion.errors import (
 )
 from bastion.policy.snapshot import ServerSpec
 from bastion.upstream.base import (
+    SURFACE_LIST_CHANGED,
     CallContext,
     ClientDeclined,
     ListChangedCallback,
@@ -132,6 +133,10 @@ class HttpUpstream:
         self._param_maps: dict[str, dict[tuple[str, ...], str]] = {}
         self._parked = ParkedRounds()
         self.on_transport_error: Callable[[], None] | None = None
+        # What the upstream offers (resources, prompts, completions: issue 9), learned at negotiation.
+        self.server_capabilities: dict[str, Any] = {}
+        # Set by the fleet: prompts/resources list_changed from this upstream (issue 9).
+        self.on_surface_changed: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -162,12 +167,15 @@ class HttpUpstream:
                 return
             if self.spec.era == "sessionless":
                 self._become_sessionless_era()
+                with contextlib.suppress(UpstreamReplied, UpstreamProtocolError):
+                    self._learn_capabilities(await self._modern_request("server/discover", {}, None, {}))
                 return
             try:
                 result = await self._modern_request("server/discover", {}, None, {})
             except (UpstreamReplied, UpstreamProtocolError):
                 result = None
             if result is not None and MODERN_VERSION in (result.get("supportedVersions") or []):
+                self._learn_capabilities(result)
                 try:
                     await self._become_session_era()
                     self.speaks_session = True
@@ -177,8 +185,13 @@ class HttpUpstream:
                 return
             await self._become_session_era()
 
+    def _learn_capabilities(self, result: dict[str, Any]) -> None:
+        capabilities = result.get("capabilities")
+        self.server_capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
+
     async def _become_session_era(self) -> None:
         self._catalog = await self._open_session({})
+        self.server_capabilities = dict(self._catalog.server_capabilities)
         self.era = UpstreamEra.SESSION
         if self._on_list_changed is not None and self._task_group is not None:
             self._task_group.start_soon(self._watch_catalog, self._catalog)
@@ -600,6 +613,10 @@ class HttpUpstream:
         return reconnect
 
     async def _on_stream_notification(self, method: str, params: dict[str, Any], relay: RequestRelay) -> None:
+        if method in SURFACE_LIST_CHANGED:
+            if self.on_surface_changed is not None and self._task_group is not None:
+                self._task_group.start_soon(self.on_surface_changed, self.name, method)
+            return
         if method == "notifications/tools/list_changed":
             if self._on_list_changed is not None and self._task_group is not None:
                 self._task_group.start_soon(self._on_list_changed, self.name)
@@ -693,6 +710,8 @@ class HttpUpstream:
                             and self._on_list_changed
                         ):
                             await self._on_list_changed(self.name)
+                        elif message.get("method") in SURFACE_LIST_CHANGED and self.on_surface_changed:
+                            await self.on_surface_changed(self.name, message["method"])
             except (httpx.HTTPError, UpstreamProtocolError):
                 pass
             await anyio.sleep(backoff)

@@ -227,3 +227,31 @@ def test_empty_grants_array_is_refused(tmp_path: Path) -> None:
 def test_grants_must_be_an_array_of_tables(tmp_path: Path) -> None:
     """A [grants] table instead of [[grants]] is refused."""
     assert "grants: expected an array of tables" in load_error(tmp_path, "[grants]\nagent = 'a'\n")
+
+
+def test_a_grant_may_name_only_resources_or_prompts(tmp_path: Path) -> None:
+    """``resources`` and ``prompts`` patterns load without ``tools``; such a grant covers no tool."""
+    snapshot = load(
+        tmp_path,
+        SERVERS
+        + '[[grants]]\nagent = "a"\nservers = ["notes"]\nresources = ["doc://*"]\nprompts = ["greet"]\n',
+    )
+    grant = snapshot.grants[0]
+    assert grant.resources == ("doc://*",) and grant.prompts == ("greet",) and grant.tools == ()
+    assert grant.covers_resource("notes", "notes", "doc://readme")
+    assert not grant.covers_resource("notes", "notes", "file:///etc/passwd")
+    assert grant.covers_prompt("notes", "notes", "greet") and not grant.covers_prompt("notes", "notes", "x")
+    assert not grant.covers_target("notes", "notes", "greet")
+
+
+@pytest.mark.parametrize(
+    ("grant", "expected"),
+    [
+        ('agent = "a"\nservers = ["notes"]\nresources = [""]', "grants[0].resources[0]: must be a non-empty"),
+        ('agent = "a"\nservers = ["notes"]\nprompts = "greet"', "grants[0].prompts: expected an array"),
+        ('agent = "a"\nservers = ["notes"]\nresources = []', "grants[0].tools: missing key"),
+    ],
+)
+def test_malformed_resource_or_prompt_patterns_are_refused(tmp_path: Path, grant: str, expected: str) -> None:
+    """A resource or prompt pattern that cannot match is refused with its key path."""
+    assert expected in load_error(tmp_path, "[[grants]]\n" + grant + "\n")

@@ -1,0 +1,119 @@
+"""``prompts/list`` and ``prompts/get`` through the gateway (issue 9).
+
+Prompts are one surface like tools: named ``<namespace><separator><prompt>`` (the
+transparent server's keep their own names), merged by ``upstream/fleet.py`` with the
+tools' collision rule (a name two servers offer stays with its holder; at start the
+gateway refuses to run). Steps as in ``call.py``: (4) the grant decision against the
+snapshot in force (prompt patterns match the upstream prompt name), a hidden prompt
+answered like an unknown one; (7) sent on the caller's own upstream session;
+(8) the audit entry (decision, digests), then the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from bastion.call import strip_reserved_meta
+from bastion.caller import Caller
+from bastion.errors import GrantDenied, InvalidParams, UnknownPrompt
+from bastion.policy.decide import SurfaceKind, decide_surface, surface_visible
+from bastion.policy.snapshot import Snapshot
+from bastion.surface.relay import AccessRecord, send_recorded, upstream_context
+from bastion.surface.uris import expose_uri
+from bastion.upstream.catalog import ToolEntry
+from bastion.upstream.fleet import UpstreamFleet
+
+__all__ = ["PromptPath"]
+
+
+class PromptPath:
+    """Lists and gets prompts for one caller against the snapshot in force."""
+
+    def __init__(self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot]) -> None:
+        self._fleet = fleet
+        self._snapshot = snapshot
+
+    def visible(self, caller: Caller, snapshot: Snapshot) -> list[ToolEntry]:
+        return [
+            entry
+            for entry in self._fleet.prompt_catalog.values()
+            if surface_visible(
+                snapshot,
+                caller.principal,
+                SurfaceKind.PROMPT,
+                entry.server,
+                entry.namespace,
+                entry.upstream_name,
+            )
+        ]
+
+    async def list_prompts(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+        # One page: the merged catalog is in memory, as tools/list's is.
+        return {"prompts": [dict(entry.definition) for entry in self.visible(caller, self._snapshot())]}
+
+    async def resolve(self, caller: Caller, snapshot: Snapshot, name: str, record: AccessRecord) -> ToolEntry:
+        """(4) The prompt this caller names, decided against ``snapshot``.
+
+        Raises:
+            UnknownPrompt: no such prompt, or hidden by grants (then audited as ``grant_denied``).
+        """
+        entry = self._fleet.lookup_prompt(name)
+        unknown = UnknownPrompt(f"Unknown prompt: {name}", prompt=name)
+        if entry is None:
+            await record.refused(unknown)
+            raise unknown
+        record.target(entry.server, entry.upstream_name)
+        try:
+            decide_surface(
+                snapshot,
+                caller.principal,
+                SurfaceKind.PROMPT,
+                entry.server,
+                entry.namespace,
+                entry.upstream_name,
+            )
+        except GrantDenied as exc:
+            await record.refused(exc)
+            raise unknown from None
+        return entry
+
+    async def get(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+        """Get one prompt.
+
+        Raises:
+            InvalidParams: no string ``name``.
+            UnknownPrompt: no prompt of that name the caller may see (audited).
+            UpstreamReplied: the upstream answered with an error (relayed verbatim).
+            UpstreamError: the upstream failed.
+        """
+        snapshot = self._snapshot()
+        name = params.get("name")
+        if not isinstance(name, str):
+            raise InvalidParams("Invalid params: prompts/get needs a string name")
+        record = AccessRecord(caller, "prompts/get", params, snapshot.version)
+        # (4) Grant decision: hidden is answered as unknown; the audit keeps grant_denied.
+        entry = await self.resolve(caller, snapshot, name, record)
+        # (7) Invoke on the caller's own upstream session; (8) the entry, then the answer, whose
+        #     embedded resources name URIs as the caller knows them.
+        request = {**strip_reserved_meta(params), "name": entry.upstream_name}
+        upstream = self._fleet.upstreams[entry.server]
+        result = await send_recorded(
+            record, upstream, "prompts/get", request, upstream_context(caller, snapshot, entry.server)
+        )
+        transparent = self._fleet.is_transparent(entry.server)
+        messages = [
+            _map_embedded(message, entry.namespace, transparent) for message in result.get("messages") or []
+        ]
+        return {**result, "messages": messages}
+
+
+def _map_embedded(message: Any, namespace: str, transparent: bool) -> Any:
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, dict):
+        return message
+    resource = content.get("resource")
+    if not isinstance(resource, dict) or not isinstance(resource.get("uri"), str):
+        return message
+    exposed = expose_uri(namespace, resource["uri"], transparent=transparent) or resource["uri"]
+    return {**message, "content": {**content, "resource": {**resource, "uri": exposed}}}

@@ -1,0 +1,120 @@
+"""What the resources, prompts and completion paths share (issue 9).
+
+Owns the upstream context of one request made for one caller (its own upstream
+session, its log level, its relay) and the one audit entry each read, get or
+completion leaves: the decision, the target's name, digests of the parameters and of
+the result, never their contents (DESIGN section 4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bastion.audit.entry import AuditEvent, Decision, digest_json
+from bastion.caller import Caller
+from bastion.errors import BastionError, NotDurable, StaleEpoch, StoreError, UpstreamError
+from bastion.ids import new_call_id
+from bastion.policy.snapshot import Snapshot
+from bastion.surface.uris import UriTarget
+from bastion.upstream.base import CallContext, Upstream, UpstreamReplied
+from bastion.upstream.fleet import UpstreamFleet
+
+__all__ = ["AccessRecord", "send_recorded", "server_of_uri", "upstream_context"]
+
+
+def upstream_context(caller: Caller, snapshot: Snapshot, server: str) -> CallContext:
+    """The context of one request sent upstream for ``caller`` (never shared with another client)."""
+    return CallContext(
+        relay=caller.relay,
+        client_capabilities=caller.client_capabilities,
+        upstream_sessions=caller.transport_session.upstream_sessions if caller.transport_session else None,
+        timeout_s=snapshot.servers[server].timeout_s or snapshot.gateway.upstream_timeout_s,
+        log_level=caller.log_level,
+        client_answers_requests=caller.transport_session is not None,
+        owner=caller.agent,
+    )
+
+
+class AccessRecord:
+    """The audit entry of one read, get or completion: written once, before the answer."""
+
+    def __init__(self, caller: Caller, method: str, params: dict[str, Any], policy_version: str) -> None:
+        self._caller = caller
+        self.call_id = new_call_id()
+        self._fields: dict[str, Any] = {
+            "call_id": self.call_id,
+            "workflow_id": None,
+            "execution_id": None,
+            "server": None,
+            "tool": None,
+            "args_digest": digest_json({k: v for k, v in params.items() if k != "_meta"}),
+            "binding": None,
+            "policy_version": policy_version,
+        }
+        self._method = method
+
+    def target(self, server: str, name: str) -> None:
+        """What the request is about: the server and the upstream URI, template or prompt name."""
+        self._fields["server"] = server
+        self._fields["tool"] = name
+
+    async def refused(self, exc: BastionError) -> None:
+        await self._write(AuditEvent.REFUSED, decision=Decision.DENY.value, reason=exc.reason.value)
+
+    async def failed(self, reason: str) -> None:
+        await self._write(AuditEvent.FAILED, decision=Decision.ALLOW.value, outcome="failed", reason=reason)
+
+    async def completed(self, result: dict[str, Any]) -> None:
+        await self._write(
+            AuditEvent.COMPLETED,
+            decision=Decision.ALLOW.value,
+            outcome="completed",
+            result_digest=digest_json(result),
+        )
+
+    async def _write(self, event: AuditEvent, *, result_digest: str | None = None, **extra: Any) -> None:
+        detail: dict[str, Any] = {"method": self._method}
+        if result_digest is not None:
+            detail["result_digest"] = result_digest
+        scope = self._caller.evidence
+        try:
+            await scope.record_many([(event, {**self._fields, **extra, "detail": detail})], durable=False)
+        except StaleEpoch:
+            raise
+        except StoreError as exc:
+            raise NotDurable("The audit entry could not be made durable") from exc
+        finally:
+            scope.end_call(self.call_id)
+
+
+def server_of_uri(fleet: UpstreamFleet, target: UriTarget | None) -> str | None:
+    """The server an exposed URI routes to, if one is configured and declared resources."""
+    if target is None:
+        return None
+    server = (
+        fleet.transparent_server()
+        if target.namespace is None
+        else fleet.server_of_namespace(target.namespace)
+    )
+    return server if server is not None and fleet.offers(server, "resources") else None
+
+
+async def send_recorded(
+    record: AccessRecord, upstream: Upstream, method: str, request: dict[str, Any], ctx: CallContext
+) -> dict[str, Any]:
+    """(7) Send, and (8) write the entry before the answer, whichever way it ends.
+
+    Raises:
+        UpstreamReplied: relayed verbatim (recorded ``failed``).
+        UpstreamError: the upstream failed (recorded ``failed``).
+    """
+    try:
+        result = await upstream.call(method, request, ctx)
+    except UpstreamReplied:
+        await record.failed("upstream_error")
+        raise
+    except UpstreamError as exc:
+        await record.failed(exc.reason.value)
+        raise
+    await record.completed(result)
+    return result
