@@ -3,7 +3,8 @@
 Order of checks for every request, first failure wins, each a typed error:
 
 1. HTTP method (405), ``Host`` (421) and ``Origin`` (403) against DNS rebinding
-   (``transport/rebinding.py``), credential (401).
+   (``transport/rebinding.py``); a CORS preflight from an allowed ``Origin`` is
+   answered here (204, ``transport/cors.py``); credential (401).
 2. POST: ``Content-Type`` (415), ``Accept`` (406), body size (413), JSON (-32700), JSON-RPC shape (-32600).
 3. Era, by ``MCP-Protocol-Version`` as the reference servers route. A
    session-era revision, or none, is the session era: ``initialize`` opens a
@@ -59,6 +60,7 @@ from bastion.policy.snapshot import Snapshot
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import InFlightCall, TransportSession
 from bastion.transport.channel import ResponseChannel
+from bastion.transport.cors import CorsSend, preflight
 from bastion.transport.jsonrpc import (
     Notification,
     Request,
@@ -140,16 +142,17 @@ class FrontDoor:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope)
+        cors = CorsSend(send)
         try:
-            await self._serve(scope, receive, send, headers)
+            await self._serve(scope, receive, cors, headers)
         except RequestRejected as exc:
-            await reject(send, exc, None)
+            await reject(cors, exc, None)
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
+    async def _serve(self, scope: Scope, receive: Receive, send: CorsSend, headers: Headers) -> None:
         # (1) method, origin, credential
         self._serving()  # a superseded worker stops serving (raises)
         method = scope["method"]
-        if method not in ("POST", "GET", "DELETE"):
+        if method not in ("POST", "GET", "DELETE", "OPTIONS"):
             raise MethodNotAllowed()
         snapshot = self._snapshot()
         settings = snapshot.gateway
@@ -158,6 +161,13 @@ class FrontDoor:
         except RequestRejected as exc:
             await self._audit_misdirected(scope, headers, exc)
             raise
+        origin = headers.get("origin")
+        if method == "OPTIONS":
+            if origin is None:
+                raise MethodNotAllowed()  # not a CORS preflight
+            await preflight(send, origin, headers.get("access-control-request-headers"))
+            return
+        send.allow(origin)  # an allowed Origin: every answer from here on names it
         try:
             principal = await self._authenticate(scope, headers.get("authorization"))
         except RequestRejected as exc:
