@@ -98,11 +98,13 @@ class GatewaySettings:
             raise ConfigError("gateway.max_transport_sessions must be at least 1")
         if self.max_transport_sessions_per_agent < 1:
             raise ConfigError("gateway.max_transport_sessions_per_agent must be at least 1")
-        if self.max_header_bytes < 1024 or self.max_headers < 8 or self.max_connections_per_address < 1:
-            raise ConfigError(
-                "gateway.max_header_bytes must be at least 1024, max_headers at least 8, "
-                "max_connections_per_address at least 1"
-            )
+        for key, least in (
+            ("max_header_bytes", 1024),
+            ("max_headers", 8),
+            ("max_connections_per_address", 1),
+        ):
+            if getattr(self, key) < least:
+                raise ConfigError(f"gateway.{key} must be at least {least}")
 
 
 @dataclass(frozen=True)
