@@ -3,7 +3,9 @@ body deadlines, connections per client address. Raw sockets against a real loopb
 
 from __future__ import annotations
 
+import re
 import resource
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -19,6 +21,7 @@ from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
 from bastion.transport.limits import front_door_limits
 from tests.e2e.conftest import TOKENS, Upstream, gateway_config
+from tests.e2e.test_serve_process import DEAD_URL, Serve
 
 pytestmark = pytest.mark.anyio
 
@@ -144,3 +147,43 @@ async def test_connections_per_address_are_capped(limited_url: str) -> None:
     for stream in held:
         await stream.aclose()
     assert await _healthz(limited_url) == 200
+
+
+def _rss_kib(pid: int) -> int:
+    match = re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())
+    assert match is not None
+    return int(match.group(1))
+
+
+def test_bastion_serve_refuses_a_1_mib_header_without_growing(tmp_path: Path) -> None:
+    """`bastion serve` applies gateway.max_header_bytes: a 1 MiB header gets 431, the process stays small."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[gateway]\nmax_header_bytes = 2048\n\n[servers.tools]\nurl = "{DEAD_URL}"\n')
+    serve = Serve("--config", str(config), "--data-dir", str(tmp_path / "data"))
+    try:
+        _refuses_a_huge_header(serve)
+    finally:
+        serve.stop()
+
+
+def _refuses_a_huge_header(serve: Serve) -> None:
+    url = serve.ready_line().split()[2]
+    parts = urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None
+    rss_before = _rss_kib(serve.process.pid)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+        cut = False
+        try:
+            for _ in range(16):
+                sock.sendall(b"a" * 65_536)
+            sock.sendall(b"\r\n\r\n")
+        except OSError:
+            cut = True  # cut while sending: the answer may still be readable
+        try:
+            answer = sock.recv(64)
+        except OSError:
+            answer = b""
+    assert answer.startswith(b"HTTP/1.1 431 ") or (cut and answer == b"")
+    assert serve.process.poll() is None
+    assert _rss_kib(serve.process.pid) - rss_before < 8 * 1024
