@@ -90,6 +90,7 @@ def limited_protocol(limits: FrontDoorLimits) -> type[HttpToolsProtocol]:
             super().data_received(data)
             if self._in_head and not self.transport.is_closing():
                 # A header still arriving sits in the parser's buffer: bound it by what was received.
+                # Whole chunks count, so a pipelined request may be charged its predecessor's tail.
                 self._head_bytes += len(data)
                 if self._head_bytes > limits.max_header_bytes:
                     self._too_large = True
