@@ -43,7 +43,13 @@ def write_fleet_config(path: Path, upstream_url: str, **gateway: Any) -> Path:
     """One HTTP upstream ``work``, the static agents alice and bob, and the admin/auditor credentials."""
     config = {
         # nginx passes the client's Host (its own port); the tests also reach replicas directly.
-        "gateway": {"upstream_timeout_s": 60.0, "allowed_hosts": ["127.0.0.1:*"], **gateway},
+        "gateway": {
+            "upstream_timeout_s": 60.0,
+            "allowed_hosts": ["127.0.0.1:*"],
+            # Every connection comes from nginx: the per-address cap is for direct clients.
+            "max_connections_per_address": 4096,
+            **gateway,
+        },
         "servers": {"work": {"url": upstream_url}},
         "agents": {name: {"token_sha256": hash_token(token)} for name, token in TOKENS.items()},
         "auth": auth_table(),

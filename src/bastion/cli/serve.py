@@ -31,6 +31,7 @@ from bastion.logs import configure_logging
 from bastion.policy.load import load_snapshot, snapshot_from_mapping
 from bastion.policy.snapshot import Snapshot
 from bastion.store.select import choose_store_url, describe_store
+from bastion.transport.limits import front_door_limits, uvicorn_options
 from bastion.transport.rebinding import is_loopback
 
 __all__ = ["EXIT_START_REFUSED", "EXIT_SUPERSEDED", "run_serve"]
@@ -152,6 +153,7 @@ async def _serve(
             server_header=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
+            **uvicorn_options(front_door_limits(snapshot.gateway)),
         )
     )
     ended = anyio.Event()

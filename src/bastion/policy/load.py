@@ -89,6 +89,12 @@ _GATEWAY_KEYS = frozenset(
         "sse_replay_events",
         "sse_replay_bytes",
         "sse_replay_streams",
+        "max_header_bytes",
+        "max_headers",
+        "header_timeout_s",
+        "body_timeout_s",
+        "keep_alive_s",
+        "max_connections_per_address",
     }
 )
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
@@ -306,10 +312,19 @@ def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
         "sse_replay_events",
         "sse_replay_bytes",
         "sse_replay_streams",
+        "max_header_bytes",
+        "max_headers",
+        "max_connections_per_address",
     ):
         if key in table:
             kwargs[key] = ctx.integer(table[key], f"gateway.{key}")
-    for key in ("transport_session_idle_s", "upstream_timeout_s"):
+    for key in (
+        "transport_session_idle_s",
+        "upstream_timeout_s",
+        "header_timeout_s",
+        "body_timeout_s",
+        "keep_alive_s",
+    ):
         if key in table:
             kwargs[key] = ctx.number(table[key], f"gateway.{key}")
     if "allowed_origins" in table:

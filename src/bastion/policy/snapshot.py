@@ -67,6 +67,13 @@ class GatewaySettings:
     sse_replay_events: int = 128
     sse_replay_bytes: int = 65_536
     sse_replay_streams: int = 8
+    # Pre-authentication bounds on the HTTP front door (transport/limits.py, issue #12).
+    max_header_bytes: int = 16_384
+    max_headers: int = 100
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 5.0
+    max_connections_per_address: int = 64
 
     def __post_init__(self) -> None:
         if self.sse_replay_events < 1 or self.sse_replay_streams < 1 or self.sse_replay_bytes < 1024:
@@ -78,13 +85,26 @@ class GatewaySettings:
             raise ConfigError("gateway.tool_separator must match ^[a-zA-Z0-9_-]{1,64}$")
         if self.max_body_bytes < 1024:
             raise ConfigError("gateway.max_body_bytes must be at least 1024")
-        for key in ("transport_session_idle_s", "upstream_timeout_s"):
+        for key in (
+            "transport_session_idle_s",
+            "upstream_timeout_s",
+            "header_timeout_s",
+            "body_timeout_s",
+            "keep_alive_s",
+        ):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"gateway.{key} must be positive")
         if self.max_transport_sessions < 1:
             raise ConfigError("gateway.max_transport_sessions must be at least 1")
         if self.max_transport_sessions_per_agent < 1:
             raise ConfigError("gateway.max_transport_sessions_per_agent must be at least 1")
+        for key, least in (
+            ("max_header_bytes", 1024),
+            ("max_headers", 8),
+            ("max_connections_per_address", 1),
+        ):
+            if getattr(self, key) < least:
+                raise ConfigError(f"gateway.{key} must be at least {least}")
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,14 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
+from bastion.transport.limits import FrontDoorLimits, uvicorn_options
+
 __all__ = ["loopback_config", "serve_on_loopback"]
 
 
-def loopback_config(app: ASGIApp) -> uvicorn.Config:
+def loopback_config(app: ASGIApp, limits: FrontDoorLimits | None = None) -> uvicorn.Config:
     """uvicorn settings for a test server: a free port on 127.0.0.1, quiet, quick to stop."""
+    extra = uvicorn_options(limits) if limits is not None else {}
     return uvicorn.Config(
         app,
         host="127.0.0.1",
@@ -27,13 +30,19 @@ def loopback_config(app: ASGIApp) -> uvicorn.Config:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=2,
+        **extra,
     )
 
 
 @contextlib.asynccontextmanager
-async def serve_on_loopback(app: Starlette, *, startup_timeout_s: float = 30.0) -> AsyncIterator[str]:
-    """Serve ``app`` on 127.0.0.1 (a free port); yields the ``/mcp`` URL, stops on exit."""
-    server = uvicorn.Server(loopback_config(app))
+async def serve_on_loopback(
+    app: Starlette, *, startup_timeout_s: float = 30.0, limits: FrontDoorLimits | None = None
+) -> AsyncIterator[str]:
+    """Serve ``app`` on 127.0.0.1 (a free port); yields the ``/mcp`` URL, stops on exit.
+
+    ``limits`` applies the front door's pre-authentication bounds, as ``bastion serve`` does.
+    """
+    server = uvicorn.Server(loopback_config(app, limits))
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve)
         with anyio.fail_after(startup_timeout_s):

@@ -520,6 +520,26 @@ CONSTRUCTOR_INVALID = [
         id="zero-sessions-per-agent",
     ),
     pytest.param(
+        "[gateway]\nheader_timeout_s = 0\n" + MINIMAL,
+        "gateway.header_timeout_s must be positive",
+        id="zero-header-timeout",
+    ),
+    pytest.param(
+        "[gateway]\nmax_header_bytes = 100\n" + MINIMAL,
+        "gateway.max_header_bytes must be at least 1024",
+        id="tiny-header-cap",
+    ),
+    pytest.param(
+        "[gateway]\nmax_connections_per_address = 0\n" + MINIMAL,
+        "gateway.max_connections_per_address must be at least 1",
+        id="zero-connections-per-address",
+    ),
+    pytest.param(
+        '[gateway]\nkeep_alive_s = "5"\n' + MINIMAL,
+        "gateway.keep_alive_s",
+        id="keep-alive-not-a-number",
+    ),
+    pytest.param(
         MINIMAL + '\n[auth]\nadmin_token_sha256 = "abc"\n',
         "auth.admin_token_sha256 must be 64 lowercase hex characters",
         id="bad-admin-digest",
