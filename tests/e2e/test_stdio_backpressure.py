@@ -26,15 +26,17 @@ from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS
+from tests.e2e.issue4_support import entries_with_event
 from tests.e2e.test_transport_rules import MODERN, MODERN_META, headers, rpc
 
 pytestmark = pytest.mark.anyio
 
+_EXECUTION = "exec-silent-reader-1"
 _FLOOD = {"count": 3000, "size": 8192}  # about 24 MiB of progress: far past any socket buffer
 
 
 @pytest.fixture
-async def flood_gateway(tmp_path: Path) -> AsyncIterator[str]:
+async def flood_gateway(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     config = {
         "gateway": {"upstream_timeout_s": 30.0},
         "servers": {"flood": {"command": sys.executable, "args": ["-m", "tests.e2e.flood_upstream"]}},
@@ -43,7 +45,7 @@ async def flood_gateway(tmp_path: Path) -> AsyncIterator[str]:
     snapshot = snapshot_from_mapping(config, source=None, version="test")
     app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))
     async with serve_on_loopback(app) as url:
-        yield url
+        yield url, tmp_path / "data" / "bastion.db"
 
 
 def _modern_headers(name: str) -> dict[str, str]:
@@ -56,7 +58,12 @@ def _open_silent_reader(url: str) -> socket.socket:
     body = json.dumps(
         rpc(
             "tools/call",
-            {"name": "flood__flood", "arguments": _FLOOD, "_meta": {**MODERN_META, "progressToken": "p"}},
+            {
+                "name": "flood__flood",
+                "arguments": _FLOOD,
+                "_meta": {**MODERN_META, "progressToken": "p"},
+                "_cmcp": {"execution_id": _EXECUTION},
+            },
             1,
         )
     ).encode()
@@ -67,6 +74,18 @@ def _open_silent_reader(url: str) -> socket.socket:
     sock.connect((parts.hostname or "127.0.0.1", parts.port or 80))
     sock.sendall(request.encode() + body)
     return sock
+
+
+def _read_to_end(sock: socket.socket) -> bytes:
+    """Everything left on ``sock`` until the server ends the response (the last 64 KiB)."""
+    sock.settimeout(30)
+    tail = b""
+    while not tail.endswith(b"0\r\n\r\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        tail = (tail + chunk)[-65536:]
+    return tail
 
 
 async def _echo(http: httpx.AsyncClient, url: str, index: int) -> str:
@@ -82,10 +101,9 @@ async def _echo(http: httpx.AsyncClient, url: str, index: int) -> str:
     return str(payload["result"]["content"][0]["text"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 point 1: the stdio reader awaits a slow client's send")
-async def test_a_client_that_never_reads_does_not_stall_others(flood_gateway: str) -> None:
+async def test_a_client_that_never_reads_does_not_stall_others(flood_gateway: tuple[str, Path]) -> None:
     """While one client never reads its progress stream, 16 others' calls to its stdio upstream answer."""
-    url = flood_gateway
+    url, db_path = flood_gateway
     silent = _open_silent_reader(url)
     try:
         answers: dict[int, str] = {}
@@ -101,5 +119,10 @@ async def test_a_client_that_never_reads_does_not_stall_others(flood_gateway: st
                     for index in range(16):
                         tg.start_soon(one, index)
         assert answers == {index: f"client-{index}" for index in range(16)}
+        # A's stream was cut, not finished: once A reads, it ends in outcome unknown, never the result.
+        tail = await anyio.to_thread.run_sync(_read_to_end, silent)
+        assert b"-32063" in tail and b"flooded" not in tail, tail[-400:]
+        cut = [e for e in entries_with_event(db_path, "outcome_unknown") if e["execution_id"] == _EXECUTION]
+        assert len(cut) == 1, cut
     finally:
         silent.close()
