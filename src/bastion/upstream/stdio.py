@@ -28,6 +28,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from anyio.streams.text import TextReceiveStream
 
 from bastion import __version__
@@ -43,6 +44,7 @@ from bastion.upstream.base import (
     UpstreamHealth,
     UpstreamReplied,
 )
+from bastion.upstream.delivery import NotificationBuffer
 from bastion.upstream.failure import describe_exit, describe_failure
 from bastion.upstream.input_rounds import ParkedRounds, asks_in_rounds, round_trip
 from bastion.upstream.relay import RequestRelay
@@ -62,6 +64,7 @@ _DECLARED_CAPABILITIES = {"sampling": {}, "elicitation": {}, "roots": {"listChan
 class _Pending:
     relay: RequestRelay
     capabilities: Mapping[str, Any]
+    buffer: NotificationBuffer
     done: anyio.Event = field(default_factory=anyio.Event)
     reply: dict[str, Any] | None = None
     lost: bool = False
@@ -250,6 +253,7 @@ class StdioUpstream:
                 line, buffer = buffer.split(b"\n", 1)
                 if line.strip():
                     await self._on_line(line)
+            await anyio.lowlevel.checkpoint()  # let request pumps drain between chunks
 
     async def _on_line(self, line: bytes) -> None:
         try:
@@ -267,7 +271,7 @@ class StdioUpstream:
                 assert self._task_group is not None
                 self._task_group.start_soon(self._answer_server_request, message["id"], method, params)
             else:
-                await self._on_notification(method, params)
+                await self._on_notification(method, params, len(line))
             return
         request_id = message.get("id")
         pending = self._pending.get(request_id) if isinstance(request_id, int) else None
@@ -277,7 +281,7 @@ class StdioUpstream:
         pending.reply = message
         pending.done.set()
 
-    async def _on_notification(self, method: str, params: dict[str, Any]) -> None:
+    async def _on_notification(self, method: str, params: dict[str, Any], size: int = 0) -> None:
         if method in SURFACE_LIST_CHANGED:
             if self.on_surface_changed is not None and self._task_group is not None:
                 # Not awaited here: refreshing sends prompts/list, whose answer this loop must read.
@@ -292,14 +296,21 @@ class StdioUpstream:
             token = params.get("progressToken")
             for pending in list(self._pending.values()):
                 if pending.relay.upstream_token is not None and pending.relay.upstream_token == token:
-                    await pending.relay.on_notification(method, params)
+                    self._offer(pending, method, params, size)
                     return
             return
         if method == "notifications/message":
             only = self._only_caller()
             if only is not None:
-                await only.relay.on_notification(method, params)
+                self._offer(only, method, params, size)
             return
+
+    def _offer(self, pending: _Pending, method: str, params: dict[str, Any], size: int) -> None:
+        """Queue a notification for its client; never waits (a slow client must not stall this reader)."""
+        pending.buffer.offer(method, params, size)
+        if pending.buffer.overflowed and not pending.done.is_set():
+            logger.warning("upstream %s: a client stopped reading its stream; its call is cut", self.name)
+            pending.done.set()
 
     def _only_caller(self) -> _Pending | None:
         callers = [p for p in self._pending.values() if p.relay.relay is not None]
@@ -356,23 +367,30 @@ class StdioUpstream:
         self, method: str, params: dict[str, Any], relay: RequestRelay, capabilities: Mapping[str, Any]
     ) -> dict[str, Any]:
         request_id = next(self._ids)
-        pending = _Pending(relay, capabilities)
+        pending = _Pending(relay, capabilities, NotificationBuffer(relay))
         self._pending[request_id] = pending
         sent = False
         try:
-            await self._write(
-                {
-                    "jsonrpc": "2.0",
-                    "id": request_id,
-                    "method": method,
-                    "params": relay.outbound_params(params),
-                }
-            )
-            sent = True
-            await pending.done.wait()
+            async with anyio.create_task_group() as delivery:
+                delivery.start_soon(pending.buffer.pump)
+                try:
+                    await self._write(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": request_id,
+                            "method": method,
+                            "params": relay.outbound_params(params),
+                        }
+                    )
+                    sent = True
+                    await pending.done.wait()
+                finally:
+                    pending.buffer.close()  # what is queued still goes out before the result
+                    if not pending.done.is_set() or pending.buffer.overflowed:
+                        delivery.cancel_scope.cancel()
         finally:
             self._pending.pop(request_id, None)
-            if sent and not pending.done.is_set():
+            if sent and (not pending.done.is_set() or pending.buffer.overflowed):
                 with (
                     anyio.CancelScope(shield=True),
                     anyio.move_on_after(2),
@@ -382,9 +400,11 @@ class StdioUpstream:
                         {
                             "jsonrpc": "2.0",
                             "method": "notifications/cancelled",
-                            "params": {"requestId": request_id, "reason": "cancelled by the client"},
+                            "params": {"requestId": request_id, "reason": _cancel_reason(pending)},
                         }
                     )
+        if pending.buffer.overflowed:
+            raise OutcomeUnknown(f"upstream {self.name}: the client stopped reading its stream; call cut")
         if pending.lost or pending.reply is None:
             raise OutcomeUnknown(f"upstream {self.name} exited before answering")
         reply = pending.reply
@@ -439,3 +459,9 @@ class StdioUpstream:
     async def notify_session(self, upstream_session: Any, method: str) -> None:
         # One session shared by every client: no client's notification is its own to pass on.
         return None
+
+
+def _cancel_reason(pending: _Pending) -> str:
+    if pending.buffer.overflowed:
+        return "the client stopped reading its stream"
+    return "cancelled by the client"
