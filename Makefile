@@ -25,6 +25,7 @@ typecheck: $(STAMP)
 test: $(STAMP) lint typecheck
 	tests/conformance/install.sh
 	test -d tests/e2e/ts_client/node_modules || tests/e2e/ts_client/install.sh
+	test -d tests/e2e/inspector/node_modules || tests/e2e/inspector/install.sh
 	BASTION_NODE_REQUIRED=1 $(BIN)/pytest -q -p no:cacheprovider
 	$(MAKE) conformance
 

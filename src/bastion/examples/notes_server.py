@@ -2,8 +2,9 @@
 
 Serves both protocol eras over stdio (the SDK's loop picks the era from the
 first message): the shared tools of ``common_tools.py`` plus ``add_note``,
-``list_notes`` and ``roots``. Notes are kept as JSON lines in the file named by
-``BASTION_NOTES_FILE``; the counter in the file named by
+``list_notes`` and ``roots``; the notes as resources (``notes://all``,
+``notes://note/{index}``) and the prompt ``summarize_notes``. Notes are kept
+as JSON lines in the file named by ``BASTION_NOTES_FILE``; the counter in the file named by
 ``BASTION_COUNTER_FILE``. Both default to per-user files in the temp directory.
 
 A stdio server owns stdout for the protocol: nothing here may print.
@@ -101,6 +102,25 @@ def build_server(notes: NoteFile, counter: FileCounter) -> MCPServer[Any]:
         server.add_tool(extra, name=name, description=f"Echo, registered at run time as {name}.")
         await ctx.session.send_tool_list_changed()
         return f"registered {name}"
+
+    # Resources and a prompt (issue 9): what MCP Inspector lists and reads through the gateway.
+    @server.resource("notes://all", name="all-notes", description="Every note.", mime_type="text/plain")
+    def all_notes() -> str:
+        return "\n".join(notes.read())
+
+    @server.resource(
+        "notes://note/{index}", name="note", description="One note, from 1.", mime_type="text/plain"
+    )
+    def one_note(index: str) -> str:
+        texts = notes.read()
+        number = int(index) if index.isdigit() else 0
+        if not 1 <= number <= len(texts):
+            raise ValueError(f"no note {index}")
+        return texts[number - 1]
+
+    @server.prompt(description="Ask for a one-line summary of every note.")
+    def summarize_notes() -> str:
+        return "Summarize these notes in one line:\n" + "\n".join(notes.read())
 
     return server
 
