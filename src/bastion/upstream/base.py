@@ -73,6 +73,9 @@ class CallRelay(Protocol):
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Ask the calling client; returns its result or raises :class:`ClientDeclined`."""
 
+    async def pause(self, retry_ms: int | None) -> None:
+        """The upstream ended the call's stream to be polled (SEP-1699); the client's may end likewise."""
+
 
 ListChangedCallback = Callable[[str], Coroutine[Any, Any, None]]
 # An upstream's prompts or resources changed (issue 9): the fleet refreshes and clients are told.

@@ -87,6 +87,9 @@ class InputRound(CallRelay):
         if self.client is not None:
             await self.client.notify(method, params)
 
+    async def pause(self, retry_ms: int | None) -> None:
+        """Nothing to mirror: a sessionless client's request has no stream to resume."""
+
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if method not in _INPUT_METHODS:
             raise ClientDeclined(

@@ -581,7 +581,7 @@ class HttpUpstream:
         if not content_type.startswith("text/event-stream"):
             raise UpstreamProtocolError(f"upstream {self.name} answered {content_type or 'no content type'}")
         final: dict[str, Any] | None = None
-        messages = messages_resuming(response, self._reconnect(upstream_session))
+        messages = messages_resuming(response, self._reconnect(upstream_session), on_pause=relay.on_pause)
         with single_exception():
             async with contextlib.aclosing(messages), anyio.create_task_group() as tg:
                 async for message in messages:
