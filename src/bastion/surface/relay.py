@@ -8,18 +8,35 @@ the result, never their contents (DESIGN section 4).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bastion.audit.entry import AuditEvent, Decision, digest_json
 from bastion.caller import Caller
-from bastion.errors import BastionError, NotDurable, StaleEpoch, StoreError, UpstreamError
+from bastion.errors import (
+    BastionError,
+    GrantDenied,
+    NotDurable,
+    StaleEpoch,
+    StoreError,
+    UnknownResource,
+    UpstreamError,
+)
 from bastion.ids import new_call_id
+from bastion.policy.decide import SurfaceKind, decide_surface
 from bastion.policy.snapshot import Snapshot
-from bastion.surface.uris import UriTarget
+from bastion.surface.uris import UriTarget, resolve_uri
 from bastion.upstream.base import CallContext, Upstream, UpstreamReplied
 from bastion.upstream.fleet import UpstreamFleet
 
-__all__ = ["AccessRecord", "send_recorded", "server_of_uri", "upstream_context"]
+__all__ = [
+    "AccessRecord",
+    "decide_resource",
+    "run_recorded",
+    "send_recorded",
+    "server_of_uri",
+    "upstream_context",
+]
 
 
 def upstream_context(caller: Caller, snapshot: Snapshot, server: str) -> CallContext:
@@ -99,6 +116,31 @@ def server_of_uri(fleet: UpstreamFleet, target: UriTarget | None) -> str | None:
     return server if server is not None and fleet.offers(server, "resources") else None
 
 
+async def decide_resource(
+    fleet: UpstreamFleet, snapshot: Snapshot, caller: Caller, uri: str, record: AccessRecord
+) -> tuple[str, UriTarget]:
+    """(4) The server and upstream URI that ``uri`` routes to, decided for ``caller`` against ``snapshot``.
+
+    Raises:
+        UnknownResource: no server serves it, or grants hide it; answered alike, audited with the
+            real reason (``grant_denied`` for a hidden one).
+    """
+    target = resolve_uri(uri)
+    server = server_of_uri(fleet, target)
+    unknown = UnknownResource(f"Resource not found: {uri}", uri=uri)
+    if target is None or server is None:
+        await record.refused(unknown)
+        raise unknown
+    record.target(server, target.uri)
+    namespace = fleet.upstreams[server].namespace
+    try:
+        decide_surface(snapshot, caller.principal, SurfaceKind.RESOURCE, server, namespace, target.uri)
+    except GrantDenied as exc:
+        await record.refused(exc)
+        raise unknown from None
+    return server, target
+
+
 async def send_recorded(
     record: AccessRecord, upstream: Upstream, method: str, request: dict[str, Any], ctx: CallContext
 ) -> dict[str, Any]:
@@ -108,8 +150,18 @@ async def send_recorded(
         UpstreamReplied: relayed verbatim (recorded ``failed``).
         UpstreamError: the upstream failed (recorded ``failed``).
     """
+    return await run_recorded(record, lambda: upstream.call(method, request, ctx))
+
+
+async def run_recorded(record: AccessRecord, send: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """(7) Run ``send``, and (8) write the entry before the answer, whichever way it ends.
+
+    Raises:
+        UpstreamReplied: relayed verbatim (recorded ``failed``).
+        UpstreamError: the upstream failed (recorded ``failed``).
+    """
     try:
-        result = await upstream.call(method, request, ctx)
+        result = await send()
     except UpstreamReplied:
         await record.failed("upstream_error")
         raise
