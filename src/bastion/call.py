@@ -57,7 +57,7 @@ from bastion.policy.grants import Rate
 from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
 from bastion.settle import send_and_settle
-from bastion.store.base import Store
+from bastion.store.base import ExecutionStep, Store
 from bastion.store.health import StoreHealth
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
@@ -325,39 +325,31 @@ class ToolCallPath:
             if not upstream.health().connected:
                 await self._release(caller, attempt, scope)
                 raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
-            # The durable "invoking" mark and the audit entries that say so are independent
-            # writes: issued together, group commit gives them one fsync. Both land before the send.
+            # The durable "invoking" mark and the audit entries that say so: one transaction
+            # (store/base.py ExecutionStep), durable before the send.
             self._queue(attempt, AuditEvent.INVOKING)
-            failures: list[StoreError] = []
-
-            async def mark_invoking() -> None:
-                try:
-                    await self._store.mark_invoking(caller.agent, execution_id, worker=worker, epoch=epoch)
-                except StoreError as exc:
-                    self._health.failed(exc)
-                    failures.append(exc)
-
-            async def audit_invoking() -> None:
-                try:
-                    await self._record_pending(scope, attempt)
-                except StoreError as exc:
-                    failures.append(exc)
-
+            step = ExecutionStep(caller.agent, execution_id, ExecutionState.INVOKING)
             # Shielded: a cancellation that lands while the mark commits would otherwise leave a
             # durable "invoking" row that no outcome follows. Cancellation is taken at the send
             # instead, inside send_and_settle, which records it as outcome_unknown.
             with anyio.CancelScope(shield=True):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(mark_invoking)
-                    tg.start_soon(audit_invoking)
-            if failures:
-                # Nothing was sent. The row stays as the store left it (reserved or invoking):
-                # refused until recovery settles it, never guessed into permission.
-                with contextlib.suppress(NotDurable):
-                    await self._record(
-                        scope, attempt, AuditEvent.REFUSED, decision=Decision.DENY.value, reason="not_durable"
-                    )
-                raise failures[0]
+                try:
+                    await self._record_pending(scope, attempt, step=step)
+                except StaleEpoch as exc:
+                    self._health.failed(exc)
+                    raise
+                except NotDurable:
+                    # Nothing was sent. The row stays as the store left it (reserved or invoking):
+                    # refused until recovery settles it, never guessed into permission.
+                    with contextlib.suppress(NotDurable):
+                        await self._record(
+                            scope,
+                            attempt,
+                            AuditEvent.REFUSED,
+                            decision=Decision.DENY.value,
+                            reason="not_durable",
+                        )
+                    raise
 
         # Without an execution id there is no state to move: the admitted entry is written with
         # the outcome, durably, before the answer (DESIGN section 2 step 8).
@@ -413,41 +405,45 @@ class ToolCallPath:
         result_digest: str | None = None,
     ) -> None:
         execution_id = attempt.envelope.execution_id
-        if execution_id is not None:
-            worker, epoch = self._membership.credentials()
-            try:
-                await self._store.record_outcome(
-                    caller.agent, execution_id, state, worker=worker, epoch=epoch
-                )
-            except StaleEpoch as exc:
-                # Superseded: recovery owns this execution. What this worker saw is not lost: it is
-                # recorded by a fresh, current writer (workers/late_write.py). Entries queued under
-                # the stale epoch could never be written; the report replaces them.
-                attempt.pending = []
-                await self._report_late_write(caller, attempt, scope, state, worker, epoch)
-                raise StaleEpoch(
-                    exc.message, observed_outcome=state.value, execution_id=execution_id
-                ) from exc
-            except StoreError as exc:
-                # Not durable: the row stays invoking (refused forever), never terminal by guess.
-                owed = [
-                    *attempt.pending,
-                    (
-                        AuditEvent.REFUSED,
-                        {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value},
-                    ),
-                ]
-                attempt.pending = []
-                self._health.failed(exc, owed=scope.owe(owed))
-                raise NotDurable(
-                    "The outcome could not be made durable; this execution_id stays refused",
-                    observed_outcome=state.value,
-                    execution_id=execution_id,
-                ) from exc
         detail = {"result_digest": result_digest} if result_digest else None
-        await self._record(
-            scope, attempt, AuditEvent(state.value), outcome=state.value, reason=reason, detail=detail
+        outcome = (
+            AuditEvent(state.value),
+            {**attempt.fields(), "outcome": state.value, "reason": reason, "detail": detail},
         )
+        if execution_id is None:
+            await self._write_batch(scope, attempt, [outcome], durable=False)
+            return
+        # The terminal state and the entries that record it: one transaction (store/base.py
+        # ExecutionStep), so a crash leaves both or neither, never a terminal row unaudited.
+        batch = [*attempt.pending, outcome]
+        attempt.pending = []
+        step = ExecutionStep(caller.agent, execution_id, state)
+        try:
+            entries = await scope.record_many(batch, durable=False, step=step)
+        except StaleEpoch as exc:
+            # Superseded: recovery owns this execution. What this worker saw is not lost: it is
+            # recorded by a fresh, current writer (workers/late_write.py). Entries queued under
+            # the stale epoch could never be written; the report replaces them.
+            worker, epoch = self._membership.credentials()
+            await self._report_late_write(caller, attempt, scope, state, worker, epoch)
+            raise StaleEpoch(exc.message, observed_outcome=state.value, execution_id=execution_id) from exc
+        except StoreError as exc:
+            # Not durable: the row stays invoking (refused forever), never terminal by guess.
+            owed = [
+                *batch[:-1],
+                (
+                    AuditEvent.REFUSED,
+                    {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value},
+                ),
+            ]
+            self._health.failed(exc, owed=scope.owe(owed))
+            raise NotDurable(
+                "The outcome could not be made durable; this execution_id stays refused",
+                observed_outcome=state.value,
+                execution_id=execution_id,
+            ) from exc
+        if entries:
+            attempt.last = entries[-1]
 
     async def _release(self, caller: Caller, attempt: _Attempt, scope: EvidenceScope) -> None:
         assert attempt.envelope.execution_id is not None
@@ -482,10 +478,13 @@ class ToolCallPath:
         """Queue an entry of this attempt; the next :meth:`_record` writes it first, in order."""
         attempt.pending.append((event, {**attempt.fields(), **extra}))
 
-    async def _record_pending(self, scope: EvidenceScope, attempt: _Attempt) -> None:
-        """Write the queued entries now, durably: something irreversible follows (raises ``NotDurable``)."""
+    async def _record_pending(
+        self, scope: EvidenceScope, attempt: _Attempt, *, step: ExecutionStep | None = None
+    ) -> None:
+        """Write the queued entries now, durably, with ``step`` if given: something irreversible
+        follows (raises ``NotDurable``)."""
         # One more entry of this call follows (its outcome or refusal): it stays in this chain.
-        await self._write_batch(scope, attempt, [], durable=True, then=1)
+        await self._write_batch(scope, attempt, [], durable=True, then=1, step=step)
 
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         """Write the queued entries and this one in one go (raises ``NotDurable``).
@@ -503,11 +502,12 @@ class ToolCallPath:
         *,
         durable: bool,
         then: int = 0,
+        step: ExecutionStep | None = None,
     ) -> None:
         batch = [*attempt.pending, *extra]
         attempt.pending = []
         try:
-            entries = await scope.record_many(batch, durable=durable, then=then)
+            entries = await scope.record_many(batch, durable=durable, then=then, step=step)
         except StaleEpoch:
             raise  # superseded, not a storage failure: nothing is owed under a stale epoch
         except StoreError as exc:

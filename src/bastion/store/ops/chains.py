@@ -13,7 +13,8 @@ from typing import Any
 from bastion.audit.entry import GENESIS_PREV, AuditEntry
 from bastion.errors import Conflict
 from bastion.ids import Epoch, EvidenceSessionId, WorkerId
-from bastion.store.base import AppendBuilder, ChainInfo
+from bastion.store.base import AppendBuilder, ChainInfo, ExecutionStep
+from bastion.store.ops.executions import apply_step
 from bastion.store.ops.workers import fence
 from bastion.store.rows import SELECT_CHAIN, chain_from_row, check_link, dumps, entry_json
 from bastion.store.statements import Op, execute, one
@@ -61,9 +62,16 @@ def append(
 
 
 def append_entries(
-    session_id: EvidenceSessionId, builds: Sequence[AppendBuilder], worker: WorkerId, epoch: Epoch
+    session_id: EvidenceSessionId,
+    builds: Sequence[AppendBuilder],
+    worker: WorkerId,
+    epoch: Epoch,
+    step: ExecutionStep | None = None,
 ) -> Op[list[AuditEntry]]:
-    yield from fence(worker, epoch)
+    generation = yield from fence(worker, epoch)
+    if step is not None:
+        # The transition first: refused, it raises and nothing of this write remains.
+        yield from apply_step(step, generation, worker, epoch)
     appended = []
     for build in builds:
         appended.append((yield from append(session_id, build, worker, epoch)))
@@ -77,11 +85,14 @@ def open_chain(
     epoch: Epoch,
     then: Sequence[AuditEntry],
     closed_with_claim: Mapping[str, Any] | None,
+    step: ExecutionStep | None = None,
 ) -> Op[ChainInfo]:
     check_link(genesis, session_id, 0, GENESIS_PREV)
     following = [(entry, entry_json(entry)) for entry in then]
     claim_json = None if closed_with_claim is None else dumps(closed_with_claim)
     generation = yield from fence(worker, epoch)
+    if step is not None:
+        yield from apply_step(step, generation, worker, epoch)
     if (yield from one("SELECT 1 FROM chains WHERE session_id = ?", session_id)) is not None:
         raise Conflict("audit chain already exists", session_id=session_id)
     yield from execute(
