@@ -7,8 +7,10 @@ Every refusal is raised as a typed error, written to the audit chain first,
 and carries a receipt; ``transport/`` renders it.
 
 Order of the durable writes, for a call with an execution id (DESIGN section 3):
-reserve (atomic, with binding) → audit ``admitted`` → mark ``invoking`` →
-audit ``invoking`` → send → record the terminal state → audit it → answer.
+[reserve (atomic, with binding), mark ``invoking``, audit ``admitted`` and
+``invoking``] in one transaction → send → [record the terminal state, audit
+it] in one transaction → answer. To an upstream that is not connected:
+reserve alone (a replay is still classified), then release.
 A write that cannot be made durable stops the call there, fail closed: the
 execution stays non-terminal (hence refused), the store is marked degraded,
 and the audit entry owed is written once storage returns.
@@ -50,7 +52,7 @@ from bastion.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from bastion.ids import CallId, Epoch, WorkerId, new_call_id
+from bastion.ids import CallId, Epoch, ExecutionId, WorkerId, new_call_id
 from bastion.param_headers import check_param_headers
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.grants import Rate
@@ -278,7 +280,6 @@ class ToolCallPath:
             self._health.failed(exc, owed=scope.owe([self._refusal(attempt, exc)]))
             raise
         execution_id = attempt.envelope.execution_id
-        worker, epoch = self._membership.credentials()
         # The next round of an execution that asked its client for input is that execution
         # continuing (its row stayed invoking), not a replay: admission/continuation.py.
         continuation = (
@@ -286,70 +287,31 @@ class ToolCallPath:
             if execution_id is not None
             else None
         )
-        if execution_id is not None and continuation is None:
-            try:
-                await self._store.reserve_execution(
-                    caller.agent,
-                    execution_id,
-                    attempt.binding,
-                    call_id=attempt.call_id,
-                    worker=worker,
-                    epoch=epoch,
-                )
-            except ExecutionCollision as exc:
-                await self._audit_refusal(scope, attempt, exc, event=AuditEvent.COLLISION)
-                raise
-            except ExecutionReplay as exc:
-                await name_earlier_attempt(self._store, caller.agent, execution_id, exc.data)
-                earlier = {k: v for k, v in exc.data.items() if k.startswith("earlier_")}
-                await self._audit_refusal(
-                    scope,
-                    attempt,
-                    exc,
-                    event=AuditEvent.REPLAY,
-                    outcome=exc.data.get("earlier_outcome"),
-                    detail=earlier,
-                )
-                raise
-            except ExecutionInFlight as exc:
-                await self._audit_refusal(scope, attempt, exc)
-                raise
-            except StoreError as exc:
-                # The refusal that trips degraded mode is owed to the audit like the ones after it.
-                self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
-                raise
         # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
         upstream = self._fleet.upstreams[entry.server]
+        if execution_id is not None and continuation is None and not upstream.health().connected:
+            # Classified first (a replay stays a replay), then released: nothing can be sent.
+            await self._admit(caller, attempt, scope, execution_id, step=None)
+            self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
+            await self._release(caller, attempt, scope)
+            raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
         self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
         if execution_id is not None and continuation is None:
-            if not upstream.health().connected:
-                await self._release(caller, attempt, scope)
-                raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
-            # The durable "invoking" mark and the audit entries that say so: one transaction
-            # (store/base.py ExecutionStep), durable before the send.
+            # The reservation, the durable "invoking" mark and the audit entries that say so: one
+            # transaction (store/base.py ExecutionStep), durable before the send.
             self._queue(attempt, AuditEvent.INVOKING)
-            step = ExecutionStep(caller.agent, execution_id, ExecutionState.INVOKING)
+            step = ExecutionStep(
+                caller.agent,
+                execution_id,
+                ExecutionState.INVOKING,
+                reserve_binding=attempt.binding,
+                call_id=attempt.call_id,
+            )
             # Shielded: a cancellation that lands while the mark commits would otherwise leave a
             # durable "invoking" row that no outcome follows. Cancellation is taken at the send
             # instead, inside send_and_settle, which records it as outcome_unknown.
             with anyio.CancelScope(shield=True):
-                try:
-                    await self._record_pending(scope, attempt, step=step)
-                except StaleEpoch as exc:
-                    self._health.failed(exc)
-                    raise
-                except NotDurable:
-                    # Nothing was sent. The row stays as the store left it (reserved or invoking):
-                    # refused until recovery settles it, never guessed into permission.
-                    with contextlib.suppress(NotDurable):
-                        await self._record(
-                            scope,
-                            attempt,
-                            AuditEvent.REFUSED,
-                            decision=Decision.DENY.value,
-                            reason="not_durable",
-                        )
-                    raise
+                await self._admit(caller, attempt, scope, execution_id, step=step)
 
         # Without an execution id there is no state to move: the admitted entry is written with
         # the outcome, durably, before the answer (DESIGN section 2 step 8).
@@ -393,6 +355,60 @@ class ToolCallPath:
         return {**result, "_meta": meta}
 
     # ------------------------------------------------------------------ durable steps
+
+    async def _admit(
+        self,
+        caller: Caller,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+        execution_id: ExecutionId,
+        *,
+        step: ExecutionStep | None,
+    ) -> None:
+        """(6) Reserve the execution; with ``step``, also mark it invoking and write the queued
+        entries, in the same transaction. Every refusal is audited, then raised."""
+        worker, epoch = self._membership.credentials()
+        assert attempt.binding is not None
+        try:
+            if step is None:
+                await self._store.reserve_execution(
+                    caller.agent,
+                    execution_id,
+                    attempt.binding,
+                    call_id=attempt.call_id,
+                    worker=worker,
+                    epoch=epoch,
+                )
+            else:
+                # Refused or not durable, none of these entries was written: they are dropped.
+                batch, attempt.pending = attempt.pending, []
+                entries = await scope.record_many(batch, durable=True, then=1, step=step)
+                if entries:
+                    attempt.last = entries[-1]
+        except ExecutionCollision as exc:
+            await self._audit_refusal(scope, attempt, exc, event=AuditEvent.COLLISION)
+            raise
+        except ExecutionReplay as exc:
+            await name_earlier_attempt(self._store, caller.agent, execution_id, exc.data)
+            earlier = {k: v for k, v in exc.data.items() if k.startswith("earlier_")}
+            await self._audit_refusal(
+                scope,
+                attempt,
+                exc,
+                event=AuditEvent.REPLAY,
+                outcome=exc.data.get("earlier_outcome"),
+                detail=earlier,
+            )
+            raise
+        except ExecutionInFlight as exc:
+            await self._audit_refusal(scope, attempt, exc)
+            raise
+        except StoreError as exc:
+            # Nothing was sent. The row is as the store left it (none, or invoking after a lost
+            # acknowledgement): refused until recovery settles it, never guessed into permission.
+            # The refusal that trips degraded mode is owed to the audit like the ones after it.
+            self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
+            raise
 
     async def _finish(
         self,

@@ -146,7 +146,12 @@ class KillPoint:
 
 
 KILL_POINTS = [
-    pytest.param(KillPoint("reserve_execution", ExecutionState.RELEASED, False, ((),)), id="after-reserve"),
+    # The reservation is written with the invoking mark and their entries (store/base.py
+    # ExecutionStep): a kill right after it finds the row invoking, as after-invoking does.
+    pytest.param(
+        KillPoint("reserve_execution", ExecutionState.OUTCOME_UNKNOWN, False, (("admitted", "invoking"),)),
+        id="after-reserve",
+    ),
     # The invoking mark and its audit entries are one write: durable together.
     pytest.param(
         KillPoint("mark_invoking", ExecutionState.OUTCOME_UNKNOWN, False, (("admitted", "invoking"),)),

@@ -83,9 +83,7 @@ class EvidenceScope:
                     self._evidence = await self._recorder.open(
                         self.agent, policy_version=self._policy_version
                     )
-        return await self._recorder.append_many(
-            self._evidence, batch, durable=durable, then=then, step=step
-        )
+        return await self._recorder.append_many(self._evidence, batch, durable=durable, then=then, step=step)
 
     def end_call(self, call_id: str) -> None:
         """The call has written everything it will: the chain slots it held are free."""

@@ -118,3 +118,18 @@ def test_a_step_names_a_forward_target() -> None:
         ExecutionStep(AGENT, EID, ExecutionState.COMPLETED, reserve_binding=BINDING, call_id=CallId("c"))
     with pytest.raises(ValueError):
         ExecutionStep(AGENT, EID, ExecutionState.INVOKING, reserve_binding=BINDING)
+
+
+async def test_a_reserving_step_readmits_a_released_row(
+    store: Store, writer: Writer, chain: EvidenceSessionId
+) -> None:
+    """A released row with the same binding is admitted again by a reserving step, straight to invoking."""
+    await store.reserve_execution(
+        AGENT, EID, BINDING, call_id=CallId("c1"), worker=writer.worker, epoch=writer.epoch
+    )
+    await store.release_execution(AGENT, EID, worker=writer.worker, epoch=writer.epoch)
+    admit = ExecutionStep(AGENT, EID, ExecutionState.INVOKING, reserve_binding=BINDING, call_id=CallId("c2"))
+    await store.append_entries(chain, [builder(chain)], worker=writer.worker, epoch=writer.epoch, step=admit)
+    record = await store.get_execution(AGENT, EID)
+    assert record is not None
+    assert (record.state, record.call_id) == (ExecutionState.INVOKING, "c2")

@@ -51,17 +51,25 @@ def reserve_fenced(
     generation: str,
     worker: WorkerId,
     epoch: Epoch,
+    *,
+    then: ExecutionState = ExecutionState.RESERVED,
 ) -> Op[ReserveOutcome]:
-    """:func:`reserve_execution` for a writer already fenced (as ``generation``) in this transaction."""
+    """:func:`reserve_execution` for a writer already fenced (as ``generation``) in this transaction.
+
+    ``then``: the state the reserved row moves on to in the same statement (``invoking``),
+    as though reserved first and then moved: one statement, never a visible ``reserved``.
+    """
+    if then is not ExecutionState.RESERVED:
+        check_transition(ExecutionState.RESERVED, then)
+    state = then
     row = yield from select_execution(agent, execution_id, lock=True)
     if row is None:
         check_transition(None, ExecutionState.RESERVED)
         yield from execute(
             "INSERT INTO executions (agent, execution_id, binding, state, call_id, generation, worker, epoch)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            agent, execution_id, binding, ExecutionState.RESERVED.value, call_id, generation, worker, epoch,
+            agent, execution_id, binding, state.value, call_id, generation, worker, epoch,
         )  # fmt: skip
-        state = ExecutionState.RESERVED
         return Reserved(
             ExecutionRecord(agent, execution_id, binding, state, call_id, generation, worker, epoch)
         )
@@ -77,13 +85,13 @@ def reserve_fenced(
     yield from execute(
         "UPDATE executions SET state = ?, call_id = ?, generation = ?, worker = ?, epoch = ?"
         " WHERE agent = ? AND execution_id = ?",
-        ExecutionState.RESERVED.value, call_id, generation, worker, epoch, agent, execution_id,
+        state.value, call_id, generation, worker, epoch, agent, execution_id,
     )  # fmt: skip
     # The row as written, without reading it back: one statement less per reservation.
     return Readmitted(
         replace(
             row,
-            state=ExecutionState.RESERVED,
+            state=state,
             call_id=call_id,
             generation=generation,
             worker=worker,
@@ -123,11 +131,17 @@ def apply_step(step: ExecutionStep, generation: str, worker: WorkerId, epoch: Ep
     if step.reserve_binding is not None:
         assert step.call_id is not None
         reserved = yield from reserve_fenced(
-            step.agent, step.execution_id, step.reserve_binding, step.call_id, generation, worker, epoch
+            step.agent,
+            step.execution_id,
+            step.reserve_binding,
+            step.call_id,
+            generation,
+            worker,
+            epoch,
+            then=step.target,
         )
-        row: ExecutionRecord | None = reserved.record
-    else:
-        row = yield from select_execution(step.agent, step.execution_id, lock=True)
+        return reserved.record
+    row = yield from select_execution(step.agent, step.execution_id, lock=True)
     return (yield from _move(row, step.agent, step.execution_id, step.target, generation, worker, epoch))
 
 
