@@ -42,6 +42,15 @@ def append(
     session_id: EvidenceSessionId, build: AppendBuilder, worker: WorkerId, epoch: Epoch
 ) -> Op[AuditEntry]:
     """Append one link under the chain's row lock (the caller fenced the writer)."""
+    return (yield from append_links(session_id, (build,), worker, epoch))[0]
+
+
+def append_links(
+    session_id: EvidenceSessionId, builds: Sequence[AppendBuilder], worker: WorkerId, epoch: Epoch
+) -> Op[list[AuditEntry]]:
+    """Append links in order under the chain's row lock, read once; the head is written once."""
+    if not builds:
+        return []
     head = yield from one(
         "SELECT head_seq, head_hash, closed FROM chains WHERE session_id = ?", session_id, lock="FOR UPDATE"
     )
@@ -49,16 +58,19 @@ def append(
         raise Conflict("unknown audit chain", session_id=session_id)
     if head[2]:
         raise Conflict("audit chain is closed", session_id=session_id)
-    entry = build(head[0] + 1, head[1])
-    check_link(entry, session_id, head[0] + 1, head[1])
-    yield from _insert_entry(entry, entry_json(entry), worker, epoch)
+    seq, prev = head[0], head[1]
+    appended = []
+    for build in builds:
+        entry = build(seq + 1, prev)
+        check_link(entry, session_id, seq + 1, prev)
+        yield from _insert_entry(entry, entry_json(entry), worker, epoch)
+        assert entry.hash is not None  # check_link refuses an unsealed entry
+        seq, prev = entry.seq, entry.hash
+        appended.append(entry)
     yield from execute(
-        "UPDATE chains SET head_seq = ?, head_hash = ? WHERE session_id = ?",
-        entry.seq,
-        entry.hash,
-        session_id,
+        "UPDATE chains SET head_seq = ?, head_hash = ? WHERE session_id = ?", seq, prev, session_id
     )
-    return entry
+    return appended
 
 
 def append_entries(
@@ -72,10 +84,7 @@ def append_entries(
     if step is not None:
         # The transition first: refused, it raises and nothing of this write remains.
         yield from apply_step(step, generation, worker, epoch)
-    appended = []
-    for build in builds:
-        appended.append((yield from append(session_id, build, worker, epoch)))
-    return appended
+    return (yield from append_links(session_id, builds, worker, epoch))
 
 
 def open_chain(
