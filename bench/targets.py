@@ -195,8 +195,9 @@ def _verify_rate(results: dict[str, Any]) -> tuple[str, str, str]:
     rate = verify["entries_per_s"]
     biggest = verify["runs"][-1]
     return (
-        f"{rate:,} entries/s",
-        f"{rate / 200_000:.2f}x the target; one CPU, --jobs 1, {biggest['entries']:,} entries",
+        f"{rate:,} entries/s (CPU)",
+        f"{rate / 200_000:.2f}x the target; {verify.get('entries_per_wall_s', 0):,} per wall second "
+        f"pinned to one CPU, --jobs 1, {biggest['entries']:,} entries",
         _verdict(verify["meets_rate"]),
     )
 

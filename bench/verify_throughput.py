@@ -11,7 +11,9 @@ PUB --integrity-only --jobs 1``, pinned to one CPU (``taskset``, or
 peak resident set size (``ru_maxrss`` from ``wait4``), so "memory flat in the
 bundle's size" can be read off directly. The rate is taken between the two
 largest sizes, ``(n_big - n_small) / (t_big - t_small)``, which cancels the
-interpreter's start-up; the plain ``n / t`` of the largest is reported too.
+interpreter's start-up, with ``t`` the child's CPU time (user + system, from
+``wait4``): on a shared machine that is what one core gives the verifier,
+whatever else runs. The same rate in wall-clock time is reported beside it.
 It asserts nothing.
 """
 
@@ -94,8 +96,8 @@ def bastion_argv(bastion_cmd: str | None) -> list[str]:
     return [str(script)] if script.exists() else [shutil.which("bastion") or "bastion"]
 
 
-def verify_once(argv: list[str], bundle: Path, key: Path, cpu: int) -> tuple[float, int, str]:
-    """Run ``bastion verify`` pinned to ``cpu``: wall seconds, peak RSS in bytes, and its output."""
+def verify_once(argv: list[str], bundle: Path, key: Path, cpu: int) -> tuple[float, float, int]:
+    """Run ``bastion verify`` pinned to ``cpu``: wall seconds, CPU seconds, peak RSS in bytes."""
     # Pinned by a small program that then execs bastion: a preexec_fn would fork this whole
     # interpreter first, and its pages would count in the child's peak RSS.
     taskset = shutil.which("taskset")
@@ -113,7 +115,7 @@ def verify_once(argv: list[str], bundle: Path, key: Path, cpu: int) -> tuple[flo
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         raise RuntimeError(f"bastion verify exited {process.returncode}: {output.strip()[-500:]}")
-    return wall, usage.ru_maxrss * 1024, output.strip()
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
 
 
 def measure_verify(
@@ -131,42 +133,49 @@ def measure_verify(
         for size in sizes:
             bundle = Path(work) / f"bundle-{size}.jsonl"
             write_bundle(bundle, size, keyring.key_id)
-            wall, peak, _ = verify_once(argv, bundle, key, cpu)
+            wall, cpu_s, peak = verify_once(argv, bundle, key, cpu)
             runs.append(
                 {
                     "entries": size,
                     "bundle_bytes": bundle.stat().st_size,
                     "wall_s": round(wall, 3),
+                    "cpu_s": round(cpu_s, 3),
                     "entries_per_s_raw": round(size / wall),
                     "peak_rss_bytes": peak,
                 }
             )
             bundle.unlink()
-    big = runs[-1]
-    if len(runs) > 1 and big["wall_s"] > runs[-2]["wall_s"]:
-        small = runs[-2]
-        rate = (big["entries"] - small["entries"]) / (big["wall_s"] - small["wall_s"])
-    else:
-        rate = big["entries_per_s_raw"]
-    growth = big["peak_rss_bytes"] / runs[0]["peak_rss_bytes"] - 1
+    rate = _rate(runs, "cpu_s")
+    growth = runs[-1]["peak_rss_bytes"] / runs[0]["peak_rss_bytes"] - 1
     return {
         "cpu": cpu,
         "runs": runs,
         "entries_per_s": round(rate),
+        "entries_per_wall_s": round(_rate(runs, "wall_s")),
         "meets_rate": rate >= TARGET_RATE,
         "peak_rss_growth_ratio": round(growth, 4),
         "memory_flat": growth <= FLAT_RSS_GROWTH,
     }
 
 
+def _rate(runs: list[dict[str, Any]], clock: str) -> float:
+    """Entries per second of ``clock`` between the two largest runs (start-up cancels), else the largest."""
+    big = runs[-1]
+    if len(runs) > 1 and big[clock] > runs[-2][clock]:
+        small = runs[-2]
+        return float((big["entries"] - small["entries"]) / (big[clock] - small[clock]))
+    return float(big["entries"] / big[clock]) if big[clock] else float("nan")
+
+
 def describe(result: dict[str, Any]) -> str:
     lines = [
-        f"{run['entries']:>10,} entries ({run['bundle_bytes'] / 2**20:,.0f} MiB): {run['wall_s']:.2f}s "
-        f"({run['entries_per_s_raw']:,}/s with start-up), peak RSS {run['peak_rss_bytes'] / 2**20:.1f} MiB"
+        f"{run['entries']:>10,} entries ({run['bundle_bytes'] / 2**20:,.0f} MiB): {run['wall_s']:.2f}s wall, "
+        f"{run['cpu_s']:.2f}s CPU, peak RSS {run['peak_rss_bytes'] / 2**20:.1f} MiB"
         for run in result["runs"]
     ]
     lines.append(
-        f"one core (cpu {result['cpu']}): {result['entries_per_s']:,} entries/s (target >= {TARGET_RATE:,}); "
+        f"one core (cpu {result['cpu']}): {result['entries_per_s']:,} entries per CPU second "
+        f"({result['entries_per_wall_s']:,} per wall second; target >= {TARGET_RATE:,}); "
         f"peak RSS {result['peak_rss_growth_ratio']:+.1%} from smallest to largest bundle"
     )
     return "\n".join(lines)
