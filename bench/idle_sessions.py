@@ -26,7 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen import McpSession, lean_client
+import httpx
+
+from loadgen import CallError, McpSession, lean_client
 from procs import rss_bytes
 from stack import running_stack
 
@@ -37,18 +39,28 @@ TARGET_RSS_BYTES = 1 << 30
 _MIB = 1 << 20
 
 
-async def _open_sessions(stack_target: Any, count: int, connections: int, deadline: float) -> int:
-    """Open up to ``count`` sessions over ``connections`` shared connections; stop at ``deadline``."""
+async def _open_sessions(
+    stack_target: Any, count: int, connections: int, deadline: float
+) -> tuple[int, str | None]:
+    """Open up to ``count`` sessions over ``connections`` shared connections; stop at ``deadline``.
+
+    A connection whose session fails to open (a cap, a timeout) stops there; the first failure is returned.
+    """
     opened = 0
     left = count
+    first_error: str | None = None
 
     async def worker() -> None:
-        nonlocal opened, left
+        nonlocal opened, left, first_error
         client = lean_client(30.0)
         try:
             while left > 0 and time.monotonic() < deadline:
                 left -= 1
-                await McpSession(stack_target, "legacy", timeout_s=30.0, client=client).open()
+                try:
+                    await McpSession(stack_target, "legacy", timeout_s=30.0, client=client).open()
+                except (CallError, httpx.HTTPError) as exc:
+                    first_error = first_error or f"{type(exc).__name__}: {exc}"
+                    return
                 opened += 1
         finally:
             await client.aclose()
@@ -56,7 +68,7 @@ async def _open_sessions(stack_target: Any, count: int, connections: int, deadli
     async with asyncio.TaskGroup() as group:
         for _ in range(min(connections, count)):
             group.create_task(worker())
-    return opened
+    return opened, first_error
 
 
 async def _warm_up(stack_target: Any, calls: int) -> None:
@@ -86,7 +98,9 @@ def measure_idle_sessions(
             time.sleep(settle_s)
             before = rss_bytes(pid)
             started = time.monotonic()
-            opened = asyncio.run(_open_sessions(stack.target, sessions, connections, started + time_limit_s))
+            opened, first_error = asyncio.run(
+                _open_sessions(stack.target, sessions, connections, started + time_limit_s)
+            )
             took = time.monotonic() - started
             time.sleep(settle_s)
             after = rss_bytes(pid)
@@ -98,6 +112,7 @@ def measure_idle_sessions(
     return {
         "sessions_asked": sessions,
         "sessions_opened": opened,
+        "first_error": first_error,
         "open_s": round(took, 2),
         "rss_before_bytes": before,
         "rss_after_bytes": after,
@@ -115,6 +130,7 @@ def describe(result: dict[str, Any]) -> str:
         f"RSS {result['rss_before_bytes'] / _MIB:.1f} -> {result['rss_after_bytes'] / _MIB:.1f} MiB, "
         f"{result['per_session_bytes'] / 1024:.1f} KiB/session; "
         f"at 10,000 sessions {result['rss_at_10000_bytes'] / _MIB:.1f} MiB ({how}; target <= 1024 MiB)"
+        + (f"; stopped at: {result['first_error']}" if result.get("first_error") else "")
     )
 
 
