@@ -97,7 +97,7 @@ class PromptPath:
         name = params.get("name")
         if not isinstance(name, str):
             raise InvalidParams("Invalid params: prompts/get needs a string name")
-        record = AccessRecord(caller, "prompts/get", params, snapshot.version)
+        record = AccessRecord(caller, "prompts/get", params, snapshot)
         # (4) Grant decision: hidden is answered as unknown; the audit keeps grant_denied.
         entry = await self.resolve(caller, snapshot, name, record)
         # (7) Invoke on the caller's own upstream session; (8) the entry, then the answer, whose

@@ -1,8 +1,9 @@
-"""Grant rate limits reach reads, gets and completions (issue 9), official Python client, session era.
+"""Policy on reads, gets and completions beyond visibility (issue 9), official Python client, session era.
 
 The upstreams are ``tests/e2e/surface_upstream.py`` behind ``tests/e2e/test_surface_e2e.py``'s
-gateway. Bob gets one more grant: ``doc://readme`` and the ``greet`` prompt of ``a`` at two uses a
-minute; a broader grant never lifts a narrower one's limit.
+gateway. Rate limits: bob gets one more grant, ``doc://readme`` and the ``greet`` prompt of ``a``
+at two uses a minute (a broader grant never lifts a narrower one's limit). Contents: a server's
+``audit_contents`` opt-in keeps what was read in the audit entry; without it, digests only.
 """
 
 from __future__ import annotations
@@ -58,3 +59,24 @@ async def test_a_grant_rate_limits_reads_and_gets_per_method_and_audits_the_refu
         ("resources/read", "rate_limited", "doc://readme"),
         ("prompts/get", "rate_limited", "greet"),
     ]
+
+
+async def test_audit_contents_keeps_what_was_read_only_for_the_server_that_opted_in(
+    tmp_path: Path, http_surface: str
+) -> None:
+    """With ``audit_contents`` on ``a``, its read's entry holds the URI asked and the text answered;
+    ``b``'s read keeps digests only."""
+    config = _config(http_surface)
+    config["servers"]["a"]["audit_contents"] = True
+    async with _gateway(tmp_path, config) as gateway, gateway.client("alice") as client:
+        await client.read_resource("bastion://a/doc://readme")
+        await client.read_resource("bastion://b/doc://readme")
+    reads = {
+        e["server"]: e["detail"]
+        for e in _entries_of(tmp_path, "alice")
+        if e["detail"].get("method") == "resources/read"
+    }
+    assert reads["a"]["params"] == {"uri": "bastion://a/doc://readme"}
+    assert reads["a"]["result"]["contents"][0]["text"] == "readme of a"
+    assert "params" not in reads["b"] and "result" not in reads["b"]
+    assert reads["a"]["result_digest"] and reads["b"]["result_digest"]
