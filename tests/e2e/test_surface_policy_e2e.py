@@ -80,3 +80,29 @@ async def test_audit_contents_keeps_what_was_read_only_for_the_server_that_opted
     assert reads["a"]["result"]["contents"][0]["text"] == "readme of a"
     assert "params" not in reads["b"] and "result" not in reads["b"]
     assert reads["a"]["result_digest"] and reads["b"]["result_digest"]
+
+
+async def test_a_grant_arguments_schema_constrains_a_prompts_arguments(
+    tmp_path: Path, http_surface: str
+) -> None:
+    """Bob's prompt grant accepts names of at most five characters: a longer one is refused with
+    argument_constraint_failed (the prompt stays listed), audited; a short one is got."""
+    config = _config(http_surface)
+    config["grants"][2] = {
+        "agent": "bob",
+        "servers": ["a", "b"],
+        "prompts": ["greet"],
+        "arguments_schema": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}}},
+    }
+    async with _gateway(tmp_path, config) as gateway, gateway.client("bob") as client:
+        got = await client.get_prompt("a__greet", {"name": "ada"})
+        with pytest.raises(MCPError) as refused:
+            await client.get_prompt("a__greet", {"name": "adalovelace"})
+        listed = [p.name for p in (await client.list_prompts(cache_mode="refresh")).prompts]
+    assert got.messages and "a__greet" in listed
+    assert refused.value.error.code == -32032
+    entries = [e for e in _entries_of(tmp_path, "bob") if e["detail"].get("method") == "prompts/get"]
+    assert [(e["event"], e["reason"]) for e in entries] == [
+        ("completed", None),
+        ("refused", "argument_constraint_failed"),
+    ]
