@@ -150,8 +150,11 @@ async def test_a_hidden_resource_cannot_be_subscribed_and_is_audited(gateway: Ru
     assert [e["tool"] for e in entries if e["event"] == "completed"] == ["doc://readme"]
 
 
-@pytest.mark.parametrize("era", ["auto", "sessionless"])
-@pytest.mark.parametrize("server", ["a", "b"])
+# a: stdio (shared); b: both eras (the upstream's own listen stream, shared), pinned session era
+# (the listen stream gets its own upstream session and follows its GET stream), pinned sessionless.
+@pytest.mark.parametrize(
+    ("server", "era"), [("a", "auto"), ("b", "auto"), ("b", "session"), ("b", "sessionless")]
+)
 async def test_a_listen_stream_hears_only_the_resources_it_named_and_may_see(
     tmp_path: Path,
     http_surface: str,  # noqa: F811
