@@ -95,10 +95,11 @@ class MethodRouter:
         self._snapshot = snapshot
         self._fleet = fleet
         self._call_path = call_path
-        resources = ResourcePath(fleet, snapshot)
-        prompts = PromptPath(fleet, snapshot)
+        limits = call_path.surface_limits  # grant rate limits: the tool calls' limiters (issue 9)
+        resources = ResourcePath(fleet, snapshot, limits)
+        prompts = PromptPath(fleet, snapshot, limits)
         # Resource subscriptions (issue 9): per client session, or per listen stream.
-        self.subscriptions = SubscribePath(fleet, snapshot, ResourceSubscriptions(fleet, snapshot))
+        self.subscriptions = SubscribePath(fleet, snapshot, ResourceSubscriptions(fleet, snapshot), limits)
         self._handlers: dict[str, Handler] = {
             "ping": self._ping,
             "server/discover": self._discover,
@@ -112,7 +113,7 @@ class MethodRouter:
             "resources/unsubscribe": self.subscriptions.unsubscribe,
             "prompts/list": prompts.list_prompts,
             "prompts/get": prompts.get,
-            "completion/complete": CompletionPath(fleet, snapshot, prompts).complete,
+            "completion/complete": CompletionPath(fleet, snapshot, prompts, limits).complete,
         }
 
     def capabilities_for(self, principal: Principal) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from bastion.caller import Caller
 from bastion.errors import InvalidParams, UpstreamError
 from bastion.policy.decide import SurfaceKind, surface_visible
 from bastion.policy.snapshot import Snapshot
+from bastion.surface.limits import SurfaceLimits
 from bastion.surface.pages import decode_cursor, encode_cursor
 from bastion.surface.relay import AccessRecord, decide_resource, send_recorded, upstream_context
 from bastion.surface.uris import expose_uri
@@ -43,9 +44,12 @@ _LISTS = {
 class ResourcePath:
     """Lists and reads resources for one caller against the snapshot in force."""
 
-    def __init__(self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(
+        self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot], limits: SurfaceLimits | None = None
+    ) -> None:
         self._fleet = fleet
         self._snapshot = snapshot
+        self._limits = limits
 
     def servers(self) -> list[str]:
         """The servers that offer resources, in configuration order."""
@@ -108,7 +112,7 @@ class ResourcePath:
             raise InvalidParams("Invalid params: resources/read needs a string uri")
         record = AccessRecord(caller, "resources/read", params, snapshot.version)
         # (4) Grant decision: hidden is answered as unknown; the audit keeps grant_denied.
-        server, target = await decide_resource(self._fleet, snapshot, caller, uri, record)
+        server, target = await decide_resource(self._fleet, snapshot, caller, uri, record, self._limits)
         upstream = self._fleet.upstreams[server]
         # (7) Invoke on the caller's own upstream session; (8) the entry, then the answer, whose
         #     contents name their URIs as the caller knows them.

@@ -22,9 +22,10 @@ from typing import Any
 import orjson
 
 from bastion.caller import Caller
-from bastion.errors import BastionError, InvalidParams, UnknownResource
+from bastion.errors import BastionError, InvalidParams, RateLimited, UnknownResource
 from bastion.policy.snapshot import Snapshot
 from bastion.session.state import TransportSession
+from bastion.surface.limits import SurfaceLimits
 from bastion.surface.relay import AccessRecord, decide_resource, run_recorded, upstream_context
 from bastion.surface.subscriptions import ResourceSubscriptions, Subscriber, close_upstream_sessions
 from bastion.upstream.base import RESOURCE_UPDATED, UpstreamReplied, UpstreamSessions
@@ -40,10 +41,15 @@ class SubscribePath:
     """Subscribes callers to resources against the snapshot in force."""
 
     def __init__(
-        self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot], subscriptions: ResourceSubscriptions
+        self,
+        fleet: UpstreamFleet,
+        snapshot: Callable[[], Snapshot],
+        subscriptions: ResourceSubscriptions,
+        limits: SurfaceLimits | None = None,
     ) -> None:
         self._fleet = fleet
         self._snapshot = snapshot
+        self._limits = limits
         self._subscriptions = subscriptions
         self._by_session: dict[TransportSession, Subscriber] = {}
 
@@ -75,7 +81,7 @@ class SubscribePath:
             raise InvalidParams(f"Invalid params: {method} needs a string uri")
         record = AccessRecord(caller, method, params, snapshot.version)
         # (4) Grant decision: hidden is answered as unknown; the audit keeps grant_denied.
-        server, target = await decide_resource(self._fleet, snapshot, caller, uri, record)
+        server, target = await decide_resource(self._fleet, snapshot, caller, uri, record, self._limits)
         subscriber = self._session_subscriber(caller)
         ctx = upstream_context(caller, snapshot, server)
         change = (
@@ -140,8 +146,8 @@ class SubscribePath:
     async def _listen_one(self, caller: Caller, snapshot: Snapshot, subscriber: Subscriber, uri: str) -> bool:
         record = AccessRecord(caller, "subscriptions/listen", {"uri": uri}, snapshot.version)
         try:
-            server, target = await decide_resource(self._fleet, snapshot, caller, uri, record)
-        except UnknownResource:
+            server, target = await decide_resource(self._fleet, snapshot, caller, uri, record, self._limits)
+        except (UnknownResource, RateLimited):
             return False
         ctx = upstream_context(caller, snapshot, server)
         upstream = self._fleet.upstreams[server]
