@@ -586,11 +586,15 @@ class ToolCallPath:
                 logger.exception("the late-write report could not be written")
 
     def _receipt(self, scope: EvidenceScope, attempt: _Attempt) -> dict[str, Any]:
+        # The chain the call's last entry went to (a shared chain may have rotated since): its
+        # claim is at /sessions/{evidence_session_id}/trace-claim once that chain closes.
+        last = attempt.last
         return {
-            "evidence_session_id": scope.session_id,
+            "evidence_session_id": last.session_id if last else scope.session_id,
             "call_id": attempt.call_id,
             "execution_id": attempt.envelope.execution_id,
-            "entry_hash": attempt.last.hash if attempt.last else None,
+            "seq": last.seq if last else None,
+            "entry_hash": last.hash if last else None,
         }
 
     @staticmethod

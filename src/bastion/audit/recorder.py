@@ -1,12 +1,16 @@
 """Evidence sessions at run time: open, append, rotate, close with a TRACE claim (DESIGN sections 1 and 4).
 
 An :class:`EvidenceSession` is one audit chain scoped to a session-era
-transport session, or to one sessionless request. Opening writes the genesis
+transport session, or shared by the sessionless requests of one agent session
+(or agent) at this gateway (``audit/shared.py``). Opening writes the genesis
 entry (seq 0, committing to the signing key id, the session, the agent and a
 nonce) and the attestation entry (seq 1: the chain root bound into TEE
 ``report_data`` where configfs-tsm exists, else ``kind: none`` with the
 reason). Appends go through the store, which reads the head and writes the
-next link in one transaction, so concurrent calls never fork a chain.
+next link in one transaction, so concurrent calls never fork a chain: the
+recorder reserves room under the session's lock, then writes outside it, so
+concurrent calls' appends share the store's group commit; a close waits for
+the writes in flight.
 Before an append, a session past its entry or age bound is rotated: closed
 (reason ``rotation``, claim issued) and replaced by a fresh chain, so every
 claim is bounded and prompt.
@@ -22,7 +26,9 @@ with :meth:`EvidenceRecorder.end_call`), then rotates. The smallest bound is
 :data:`MIN_MAX_ENTRIES`: genesis, attestation, one call's three entries, close.
 
 Closing appends the close entry and closes the chain in one transaction,
-then issues and stores the signed claim.
+then issues and stores the signed claim. :meth:`EvidenceRecorder.retire`
+closes the chain but leaves the handle *dormant*: its next append opens a
+fresh chain behind it (a shared chain that went idle past its age bound).
 
 Every write carries this worker's ``(worker, epoch)``: a superseded worker
 writes nothing (``StaleEpoch``).
@@ -76,7 +82,17 @@ class EvidenceSession:
     buffered: list[AuditEntry] = field(default_factory=list)
     # Slots held in this chain by calls that wrote their first entries here (call_id -> count).
     holds: dict[str, int] = field(default_factory=dict)
-    holds_ended: anyio.Event = field(default_factory=anyio.Event)
+    # Appends reserved under the lock and being written outside it.
+    writing: int = 0
+    # Set when a hold ends or a write finishes: wakes whoever waits for the chain to be quiet.
+    settled: anyio.Event = field(default_factory=anyio.Event)
+    # Retired (its chain closed with a claim): the next append opens a fresh chain behind it.
+    dormant: bool = False
+
+    @property
+    def quiet(self) -> bool:
+        """No call holds slots in the chain and no append is being written to it."""
+        return not self.holds and self.writing == 0
 
     @property
     def head(self) -> AuditEntry:
@@ -162,6 +178,12 @@ class EvidenceRecorder:
         """Close the chain with ``reason`` and store its signed claim; idempotent."""
         async with evidence.lock:
             if evidence.closed:
+                return evidence.claim
+            await self._wait_for(evidence, lambda: evidence.writing == 0)
+            if evidence.closed:
+                return evidence.claim
+            if evidence.dormant:
+                evidence.closed = True  # its last chain was closed (and claimed) when it retired
                 return evidence.claim
             if evidence.persisted:
                 evidence.claim = await self._close_chain(evidence, reason)
@@ -342,27 +364,78 @@ class EvidenceRecorder:
             await self._make_room(evidence, call_id, len(batch), then=then)
             worker, epoch = self._membership.credentials()
             at = self._now()
+            session_id = evidence.session_id
             builders = [
-                _builder(evidence.session_id, evidence.agent, event, at, worker, epoch, fields)
+                _builder(session_id, evidence.agent, event, at, worker, epoch, fields)
                 for event, fields in batch
             ]
-            entries = await self._store.append_entries(
-                evidence.session_id, builders, worker=worker, epoch=epoch
-            )
-            evidence.entries += len(entries)
-            return entries
+            # Reserved now; written outside the lock, so concurrent calls share one group commit.
+            # The store links each append to the head it reads in its transaction: no fork, no gap.
+            evidence.entries += len(batch)
+            evidence.writing += 1
+        try:
+            return await self._store.append_entries(session_id, builders, worker=worker, epoch=epoch)
+        except BaseException:
+            evidence.entries -= len(batch)
+            raise
+        finally:
+            evidence.writing -= 1
+            _settle(evidence)
 
     def end_call(self, evidence: EvidenceSession, call_id: str) -> None:
         """The call wrote its last entry (or never will): the slots it held are free."""
-        if evidence.holds.pop(call_id, None) is not None and not evidence.holds:
-            evidence.holds_ended.set()
+        if evidence.holds.pop(call_id, None) is not None:
+            _settle(evidence)
+
+    def due(self, evidence: EvidenceSession) -> bool:
+        """The chain is open and past its age bound (a sweep retires it once it is quiet)."""
+        return (
+            not evidence.closed
+            and not evidence.dormant
+            and self._monotonic() - evidence.opened_at >= self._max_age_s
+        )
+
+    async def retire(self, evidence: EvidenceSession, reason: CloseReason, *, wait_s: float) -> str | None:
+        """Close the chain with its claim once it is quiet, leaving the handle dormant.
+
+        Waits up to ``wait_s`` for the calls holding slots in it to finish (a call's entries stay
+        in one chain); past that it closes anyway, and a late entry opens a new chain. Returns
+        the id of the chain closed, or ``None`` when there was none open. Raises ``StoreError``.
+        """
+        async with evidence.lock:
+            if evidence.closed or evidence.dormant:
+                return None
+            with anyio.move_on_after(wait_s):
+                await self._wait_for(evidence, lambda: evidence.quiet)
+            await self._wait_for(evidence, lambda: evidence.writing == 0)
+            if evidence.closed or evidence.dormant:
+                return None
+            evidence.claim = await self._close_chain(evidence, reason)
+            evidence.dormant = True
+            evidence.holds.clear()
+            return evidence.session_id
+
+    async def _wait_for(self, evidence: EvidenceSession, ready: Callable[[], bool]) -> None:
+        """Wait, with ``evidence.lock`` released, until ``ready()`` (re-checked under the lock)."""
+        while not ready():
+            if evidence.settled.is_set():
+                evidence.settled = anyio.Event()
+            settled = evidence.settled
+            evidence.lock.release()
+            try:
+                await settled.wait()
+            finally:
+                # Shielded: the caller's ``async with evidence.lock`` releases it on the way out.
+                with anyio.CancelScope(shield=True):
+                    await evidence.lock.acquire()
 
     async def _make_room(
         self, evidence: EvidenceSession, call_id: str | None, count: int, *, then: int
     ) -> None:
         """Rotate first if ``count`` entries (and ``then`` held after them) would not fit; hold them.
 
-        Called with ``evidence.lock`` held; releases it while waiting for other calls' holds.
+        Called with ``evidence.lock`` held; releases it while waiting for other calls' holds
+        and writes.
         """
         if evidence.closed:
             raise RuntimeError("evidence session is closed")
@@ -373,27 +446,22 @@ class EvidenceRecorder:
                 raise RuntimeError(f"call {call_id} wrote more entries than it held")
             if then:
                 evidence.holds[call_id] = then  # type: ignore[index]
-            elif not evidence.holds:
-                evidence.holds_ended.set()
+            else:
+                _settle(evidence)
             return
+        if evidence.dormant:
+            await self._reopen(evidence)
         while self._must_rotate(evidence, count + then):
-            if evidence.holds:
-                # Other calls hold slots in this chain: let them finish there, then rotate.
-                ended = evidence.holds_ended
-                evidence.lock.release()
-                try:
-                    await ended.wait()
-                finally:
-                    # Shielded: the caller's ``async with evidence.lock`` releases it on the way out.
-                    with anyio.CancelScope(shield=True):
-                        await evidence.lock.acquire()
+            if not evidence.quiet:
+                # Other calls hold slots in (or are writing to) this chain: let them finish there.
+                await self._wait_for(evidence, lambda: evidence.quiet)
                 if evidence.closed:
                     raise RuntimeError("evidence session is closed")
+                if evidence.dormant:
+                    await self._reopen(evidence)
                 continue
             await self._rotate(evidence)
         if then and call_id is not None:
-            if not evidence.holds:
-                evidence.holds_ended = anyio.Event()
             evidence.holds[call_id] = then
 
     def _must_rotate(self, evidence: EvidenceSession, need: int) -> bool:
@@ -408,13 +476,23 @@ class EvidenceRecorder:
     async def _rotate(self, evidence: EvidenceSession) -> None:
         previous = evidence.session_id
         await self._close_chain(evidence, CloseReason.ROTATION)
+        await self._reopen(evidence)
+        logger.info("evidence session rotated", extra={"previous": previous, "current": evidence.session_id})
+
+    async def _reopen(self, evidence: EvidenceSession) -> None:
         session_id, genesis, attestation = await self._open_chain(
             evidence.agent, evidence.genesis.policy_version
         )
         evidence.session_id, evidence.genesis, evidence.attestation = session_id, genesis, attestation
         evidence.opened_at = self._monotonic()
         evidence.entries = 2
-        logger.info("evidence session rotated", extra={"previous": previous, "current": session_id})
+        evidence.dormant = False
+        evidence.claim = None
+
+
+def _settle(evidence: EvidenceSession) -> None:
+    """A hold ended or a write finished: wake whoever waits for the chain to be quiet."""
+    evidence.settled.set()
 
 
 def _builder(

@@ -1,4 +1,5 @@
-"""The evidence scope of one client context: a transport session, or one sessionless request.
+"""The evidence scope of one client context: a transport session, or the sessionless requests of one
+agent session at this gateway (``shared.py``).
 
 Opens its evidence session on the first entry (idle transport sessions cost
 no writes) and closes it, with its claim, when the scope ends.
@@ -40,6 +41,11 @@ class EvidenceScope:
         self._evidence: EvidenceSession | None = None
         self._opening = anyio.Lock()
         self.closed = False
+
+    @property
+    def evidence(self) -> EvidenceSession | None:
+        """The live chain behind this scope, once its first entry opened it."""
+        return self._evidence
 
     @property
     def session_id(self) -> str | None:
