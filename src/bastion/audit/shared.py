@@ -127,8 +127,10 @@ class SharedEvidence:
             idle = evidence is None or evidence.dormant or evidence.closed
             if shared.users == 0 and idle and self._scopes.get(key) is shared:
                 # Nobody uses it and no chain is open behind it: nothing of this client stays here.
+                # Closed, so an entry still owed to it (storage failed) gets a chain of its own.
                 del self._scopes[key]
                 del self._by_scope[shared.scope]
+                shared.scope.closed = True
         return closed
 
     async def sweep_forever(self) -> None:
