@@ -59,6 +59,7 @@ from bastion.policy.snapshot import Snapshot
 from bastion.settle import send_and_settle
 from bastion.store.base import Store
 from bastion.store.health import StoreHealth
+from bastion.surface.limits import SurfaceLimits
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
 from bastion.workers.attachment import AttachmentTracker, sessionless_ref, transport_session_ref
@@ -143,6 +144,8 @@ class ToolCallPath:
         self._membership = membership
         self._health = health
         self._continuations = InputContinuations()
+        # Grant rate limits on resources, prompts and completion: the same limiters (issue 9).
+        self.surface_limits = SurfaceLimits(limiter, shared_limits, monotonic)
 
     async def call_tool(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         """Decide, admit, relay and record one tool call; returns the upstream's result with a receipt.

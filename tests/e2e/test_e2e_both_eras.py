@@ -97,14 +97,15 @@ async def test_ping(running_gateway: RunningGateway) -> None:
     assert result is not None
 
 
-async def test_resources_and_prompts_of_upstreams_that_have_none_are_empty_lists(
+async def test_resources_and_prompts_of_an_upstream_that_has_none_add_nothing(
     running_gateway: RunningGateway,
 ) -> None:
-    """Upstreams that declare resources and prompts but hold none: the lists answer empty, not -32601."""
+    """The tools server declares resources and prompts but holds none: only the notes server's are listed."""
     async with running_gateway.client(mode="legacy") as client:
         resources = await client.list_resources()
         prompts = await client.list_prompts()
-    assert resources.resources == [] and prompts.prompts == []
+    assert [r.uri for r in resources.resources] == ["bastion://notes/notes://all"]
+    assert {p.name for p in prompts.prompts} == {"notes__summarize_notes", "notes__recall_note"}
 
 
 @pytest.mark.parametrize("namespace", ["notes", "tools"])

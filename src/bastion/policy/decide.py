@@ -321,6 +321,8 @@ def decide_surface(
 ) -> GrantDecision:
     """Decide one read, get or completion of ``name`` (upstream URI, template or prompt name).
 
+    The decision's ``limits`` are the caller's to take (``surface/limits.py``).
+
     Raises:
         GrantDenied: no grant of this principal covers it (the caller answers "unknown").
     """
@@ -336,7 +338,8 @@ def decide_surface(
             server=server,
             policy_version=version,
         )
-    return GrantDecision(DecisionBasis.GRANT, tuple(g.name for g in allowing), False, version)
+    limits = tuple((g.name, g.rate) for g in allowing if g.rate is not None)
+    return GrantDecision(DecisionBasis.GRANT, tuple(g.name for g in allowing), False, version, limits)
 
 
 def _covers(grant: Grant, kind: SurfaceKind, server: str, namespace: str, name: str) -> bool:

@@ -19,6 +19,7 @@ from bastion.caller import Caller
 from bastion.errors import GrantDenied, InvalidParams, UnknownPrompt
 from bastion.policy.decide import SurfaceKind, decide_surface, surface_visible
 from bastion.policy.snapshot import Snapshot
+from bastion.surface.limits import SurfaceLimits
 from bastion.surface.relay import AccessRecord, send_recorded, upstream_context
 from bastion.surface.uris import expose_uri
 from bastion.upstream.catalog import ToolEntry
@@ -30,9 +31,12 @@ __all__ = ["PromptPath"]
 class PromptPath:
     """Lists and gets prompts for one caller against the snapshot in force."""
 
-    def __init__(self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(
+        self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot], limits: SurfaceLimits | None = None
+    ) -> None:
         self._fleet = fleet
         self._snapshot = snapshot
+        self._limits = limits
 
     def visible(self, caller: Caller, snapshot: Snapshot) -> list[ToolEntry]:
         return [
@@ -57,6 +61,7 @@ class PromptPath:
 
         Raises:
             UnknownPrompt: no such prompt, or hidden by grants (then audited as ``grant_denied``).
+            RateLimited: an allowing grant's rate limit is spent (audited).
         """
         entry = self._fleet.lookup_prompt(name)
         unknown = UnknownPrompt(f"Unknown prompt: {name}", prompt=name)
@@ -65,7 +70,7 @@ class PromptPath:
             raise unknown
         record.target(entry.server, entry.upstream_name)
         try:
-            decide_surface(
+            decision = decide_surface(
                 snapshot,
                 caller.principal,
                 SurfaceKind.PROMPT,
@@ -76,6 +81,7 @@ class PromptPath:
         except GrantDenied as exc:
             await record.refused(exc)
             raise unknown from None
+        await record.charge(self._limits, decision)
         return entry
 
     async def get(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:

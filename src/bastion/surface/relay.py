@@ -8,18 +8,37 @@ the result, never their contents (DESIGN section 4).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bastion.audit.entry import AuditEvent, Decision, digest_json
 from bastion.caller import Caller
-from bastion.errors import BastionError, NotDurable, StaleEpoch, StoreError, UpstreamError
+from bastion.errors import (
+    BastionError,
+    GrantDenied,
+    NotDurable,
+    RateLimited,
+    StaleEpoch,
+    StoreError,
+    UnknownResource,
+    UpstreamError,
+)
 from bastion.ids import new_call_id
+from bastion.policy.decide import GrantDecision, SurfaceKind, decide_surface
 from bastion.policy.snapshot import Snapshot
-from bastion.surface.uris import UriTarget
+from bastion.surface.limits import SurfaceLimits
+from bastion.surface.uris import UriTarget, resolve_uri
 from bastion.upstream.base import CallContext, Upstream, UpstreamReplied
 from bastion.upstream.fleet import UpstreamFleet
 
-__all__ = ["AccessRecord", "send_recorded", "server_of_uri", "upstream_context"]
+__all__ = [
+    "AccessRecord",
+    "decide_resource",
+    "run_recorded",
+    "send_recorded",
+    "server_of_uri",
+    "upstream_context",
+]
 
 
 def upstream_context(caller: Caller, snapshot: Snapshot, server: str) -> CallContext:
@@ -51,12 +70,28 @@ class AccessRecord:
             "binding": None,
             "policy_version": policy_version,
         }
-        self._method = method
+        self.method = method
 
     def target(self, server: str, name: str) -> None:
         """What the request is about: the server and the upstream URI, template or prompt name."""
         self._fields["server"] = server
         self._fields["tool"] = name
+
+    async def charge(self, limits: SurfaceLimits | None, decision: GrantDecision) -> None:
+        """Take the decision's rate-limit tokens, keyed by this method.
+
+        Raises:
+            RateLimited: a bucket is empty (audited as this request's refusal).
+        """
+        if limits is None:
+            return
+        try:
+            await limits.take(
+                decision, str(self._caller.principal.agent), self._fields["server"], self.method
+            )
+        except RateLimited as exc:
+            await self.refused(exc)
+            raise
 
     async def refused(self, exc: BastionError) -> None:
         await self._write(AuditEvent.REFUSED, decision=Decision.DENY.value, reason=exc.reason.value)
@@ -73,7 +108,7 @@ class AccessRecord:
         )
 
     async def _write(self, event: AuditEvent, *, result_digest: str | None = None, **extra: Any) -> None:
-        detail: dict[str, Any] = {"method": self._method}
+        detail: dict[str, Any] = {"method": self.method}
         if result_digest is not None:
             detail["result_digest"] = result_digest
         scope = self._caller.evidence
@@ -99,6 +134,41 @@ def server_of_uri(fleet: UpstreamFleet, target: UriTarget | None) -> str | None:
     return server if server is not None and fleet.offers(server, "resources") else None
 
 
+async def decide_resource(
+    fleet: UpstreamFleet,
+    snapshot: Snapshot,
+    caller: Caller,
+    uri: str,
+    record: AccessRecord,
+    limits: SurfaceLimits | None = None,
+) -> tuple[str, UriTarget]:
+    """(4) The server and upstream URI that ``uri`` routes to, decided for ``caller`` against ``snapshot``,
+    and the allowing grants' rate-limit tokens taken.
+
+    Raises:
+        UnknownResource: no server serves it, or grants hide it; answered alike, audited with the
+            real reason (``grant_denied`` for a hidden one).
+        RateLimited: an allowing grant's rate limit is spent (audited).
+    """
+    target = resolve_uri(uri)
+    server = server_of_uri(fleet, target)
+    unknown = UnknownResource(f"Resource not found: {uri}", uri=uri)
+    if target is None or server is None:
+        await record.refused(unknown)
+        raise unknown
+    record.target(server, target.uri)
+    namespace = fleet.upstreams[server].namespace
+    try:
+        decision = decide_surface(
+            snapshot, caller.principal, SurfaceKind.RESOURCE, server, namespace, target.uri
+        )
+    except GrantDenied as exc:
+        await record.refused(exc)
+        raise unknown from None
+    await record.charge(limits, decision)
+    return server, target
+
+
 async def send_recorded(
     record: AccessRecord, upstream: Upstream, method: str, request: dict[str, Any], ctx: CallContext
 ) -> dict[str, Any]:
@@ -108,8 +178,18 @@ async def send_recorded(
         UpstreamReplied: relayed verbatim (recorded ``failed``).
         UpstreamError: the upstream failed (recorded ``failed``).
     """
+    return await run_recorded(record, lambda: upstream.call(method, request, ctx))
+
+
+async def run_recorded(record: AccessRecord, send: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """(7) Run ``send``, and (8) write the entry before the answer, whichever way it ends.
+
+    Raises:
+        UpstreamReplied: relayed verbatim (recorded ``failed``).
+        UpstreamError: the upstream failed (recorded ``failed``).
+    """
     try:
-        result = await upstream.call(method, request, ctx)
+        result = await send()
     except UpstreamReplied:
         await record.failed("upstream_error")
         raise

@@ -417,7 +417,7 @@ async def _sse_messages(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | 
     async for raw in lines:
         line = raw.rstrip("\r\n")
         if line == "":
-            if data:
+            if "\n".join(data):  # empty data (a priming event) is not dispatched, as SSE says
                 try:
                     message = json.loads("\n".join(data))
                 except ValueError:

@@ -24,7 +24,6 @@ This module renders errors; it never decides policy.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -346,7 +345,7 @@ class FrontDoor:
             sse_allowed=sse_allowed,
             open_stream=None if transport_session is None else transport_session.streams.open_response_stream,
         )
-        caller = dataclasses.replace(caller, relay=StreamRelay(channel, transport_session))
+        caller = caller.with_relay(StreamRelay(channel, transport_session))
         sessionless = transport_session is None
         in_flight: InFlightCall | None = None
         with anyio.CancelScope() as call_scope:

@@ -36,10 +36,12 @@ from bastion.children import guarded_command
 from bastion.errors import OutcomeUnknown, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from bastion.policy.snapshot import ServerSpec
 from bastion.upstream.base import (
+    RESOURCE_UPDATED,
     SURFACE_LIST_CHANGED,
     CallContext,
     ClientDeclined,
     ListChangedCallback,
+    ResourceUpdatedCallback,
     UpstreamEra,
     UpstreamHealth,
     UpstreamReplied,
@@ -90,6 +92,8 @@ class StdioUpstream:
         self.server_capabilities: dict[str, Any] = {}
         # Set by the fleet: prompts/resources list_changed from this upstream (issue 9).
         self.on_surface_changed: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
+        # Set by the gateway (surface/subscriptions.py): resources/updated from this process.
+        self.on_resource_updated: ResourceUpdatedCallback | None = None
         self._backoff = restart_backoff_s
         self._on_process_event = on_process_event
         self._ids = itertools.count(1)
@@ -282,6 +286,11 @@ class StdioUpstream:
         pending.done.set()
 
     async def _on_notification(self, method: str, params: dict[str, Any], size: int = 0) -> None:
+        if method == RESOURCE_UPDATED:
+            uri = params.get("uri")
+            if isinstance(uri, str) and self.on_resource_updated is not None:
+                self.on_resource_updated(self.name, uri, None)  # one process, shared by every client
+            return
         if method in SURFACE_LIST_CHANGED:
             if self.on_surface_changed is not None and self._task_group is not None:
                 # Not awaited here: refreshing sends prompts/list, whose answer this loop must read.
@@ -459,6 +468,17 @@ class StdioUpstream:
     async def notify_session(self, upstream_session: Any, method: str) -> None:
         # One session shared by every client: no client's notification is its own to pass on.
         return None
+
+    # Resource subscriptions (issue 9): the one session is every client's, so the gateway counts them.
+
+    def shares_resource_feed(self, ctx: CallContext) -> bool:
+        return True
+
+    async def subscribe_resource(self, uri: str, ctx: CallContext) -> None:
+        await self.call("resources/subscribe", {"uri": uri}, ctx)
+
+    async def unsubscribe_resource(self, uri: str, ctx: CallContext) -> None:
+        await self.call("resources/unsubscribe", {"uri": uri}, ctx)
 
 
 def _cancel_reason(pending: _Pending) -> str:
