@@ -493,8 +493,8 @@ class ToolCallPath:
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         """Write the queued entries and this one in one go (raises ``NotDurable``).
 
-        Durable before the answer: a session-era scope writes now; a sessionless request's
-        scope writes its whole chain, in one transaction, when it closes just before answering.
+        Durable before the answer: every scope writes now (a sessionless request's too, into
+        the chain its agent session shares at this gateway, ``audit/shared.py``).
         """
         await self._write_batch(scope, attempt, [(event, {**attempt.fields(), **extra})], durable=False)
 

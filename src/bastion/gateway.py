@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -303,7 +304,7 @@ class Gateway:
                 profile=self._profile,
                 policy=self.policy_in_force,
                 max_entries=options.evidence_max_entries,
-                max_age_s=options.sessionless_evidence_max_age_s,
+                max_age_s=math.inf,  # the age bound is SharedEvidence's: nobody waits to rotate
             ),
             max_age_s=options.sessionless_evidence_max_age_s,
             policy_version=lambda: self.policy.current.version,

@@ -76,10 +76,6 @@ class EvidenceSession:
     closed: bool = False
     claim: dict[str, Any] | None = None
     lock: anyio.Lock = field(default_factory=anyio.Lock)
-    # A deferred session (one sessionless request) is sealed in memory and written in one
-    # transaction: at its first durable append, or with its close and claim.
-    persisted: bool = True
-    buffered: list[AuditEntry] = field(default_factory=list)
     # Slots held in this chain by calls that wrote their first entries here (call_id -> count).
     holds: dict[str, int] = field(default_factory=dict)
     # Appends reserved under the lock and being written outside it.
@@ -93,10 +89,6 @@ class EvidenceSession:
     def quiet(self) -> bool:
         """No call holds slots in the chain and no append is being written to it."""
         return not self.holds and self.writing == 0
-
-    @property
-    def head(self) -> AuditEntry:
-        return self.buffered[-1] if self.buffered else self.attestation
 
 
 class EvidenceRecorder:
@@ -140,11 +132,6 @@ class EvidenceRecorder:
         session_id, genesis, attestation = await self._open_chain(agent, policy_version)
         return EvidenceSession(agent, session_id, genesis, attestation, self._monotonic())
 
-    def prepare(self, agent: AgentId, *, policy_version: str | None = None) -> EvidenceSession:
-        """A chain sealed in memory and not yet written (see :class:`EvidenceSession`)."""
-        session_id, genesis, attestation = self._first_links(agent, policy_version)
-        return EvidenceSession(agent, session_id, genesis, attestation, self._monotonic(), persisted=False)
-
     def _first_links(
         self, agent: AgentId, policy_version: str | None
     ) -> tuple[EvidenceSessionId, AuditEntry, AuditEntry]:
@@ -185,86 +172,9 @@ class EvidenceRecorder:
             if evidence.dormant:
                 evidence.closed = True  # its last chain was closed (and claimed) when it retired
                 return evidence.claim
-            if evidence.persisted:
-                evidence.claim = await self._close_chain(evidence, reason)
-            else:
-                evidence.claim = await self._write_closed_chain(evidence, reason)
+            evidence.claim = await self._close_chain(evidence, reason)
             evidence.closed = True
             return evidence.claim
-
-    async def _write_closed_chain(self, evidence: EvidenceSession, reason: CloseReason) -> dict[str, Any]:
-        """A deferred chain, from genesis to close and claim, in one transaction."""
-        worker, epoch = self._membership.credentials()
-        head = evidence.head
-        assert head.hash is not None
-        closing = _entry(
-            head.seq + 1,
-            head.hash,
-            evidence.session_id,
-            evidence.agent,
-            AuditEvent.SESSION_CLOSE,
-            self._now(),
-            worker=worker,
-            epoch=epoch,
-            detail={"close_reason": CloseReason(reason).value},
-        )
-        summary = ChainSummary.of(evidence.genesis, evidence.attestation, closing)
-        claim = issue_claim(
-            summary,
-            profile=self._profile,
-            policy=self._policy(),
-            keyring=self._keyring,
-            issued_at=self._now(),
-        )
-        await self._store.open_chain(
-            evidence.session_id,
-            evidence.genesis,
-            worker=worker,
-            epoch=epoch,
-            then=(evidence.attestation, *evidence.buffered, closing),
-            closed_with_claim=claim,
-        )
-        evidence.persisted = True
-        evidence.buffered = []
-        return claim
-
-    async def _append_deferred(
-        self, evidence: EvidenceSession, batch: list[tuple[AuditEvent, dict[str, Any]]], durable: bool
-    ) -> list[AuditEntry]:
-        worker, epoch = self._membership.credentials()
-        at = self._now()
-        entries: list[AuditEntry] = []
-        for event, fields in batch:
-            head = entries[-1] if entries else evidence.head
-            assert head.hash is not None
-            entries.append(
-                _entry(
-                    head.seq + 1,
-                    head.hash,
-                    evidence.session_id,
-                    evidence.agent,
-                    event,
-                    at,
-                    worker=worker,
-                    epoch=epoch,
-                    **fields,
-                )
-            )
-        if durable:
-            # Needed before something irreversible (a send): write the chain so far, now.
-            await self._store.open_chain(
-                evidence.session_id,
-                evidence.genesis,
-                worker=worker,
-                epoch=epoch,
-                then=(evidence.attestation, *evidence.buffered, *entries),
-            )
-            evidence.persisted = True
-            evidence.buffered = []
-        else:
-            evidence.buffered.extend(entries)
-        evidence.entries += len(entries)
-        return entries
 
     async def _close_chain(self, evidence: EvidenceSession, reason: CloseReason) -> dict[str, Any]:
         worker, epoch = self._membership.credentials()
@@ -339,13 +249,10 @@ class EvidenceRecorder:
         evidence: EvidenceSession,
         batch: list[tuple[AuditEvent, dict[str, Any]]],
         *,
-        durable: bool = True,
         then: int = 0,
     ) -> list[AuditEntry]:
-        """Append several entries in order (rotating first if due); one store write when the store can.
+        """Append several entries in order (rotating first if due), durably, in one store write.
 
-        On a deferred session, ``durable=False`` only seals the entries in memory: they are
-        written with the session's close (which the caller makes happen before its answer).
         ``then`` is how many more entries the batch's call may write to this chain: they are
         held for it (see the module docstring) until it writes them or :meth:`end_call`.
         """
@@ -353,14 +260,6 @@ class EvidenceRecorder:
             if evidence.closed:
                 raise RuntimeError("evidence session is closed")
             call_id = batch[0][1].get("call_id") if batch else None
-            if not evidence.persisted:
-                # One request's own chain: never rotated; the hold only marks the call's later entries.
-                if call_id is not None:
-                    if then:
-                        evidence.holds[call_id] = then
-                    else:
-                        evidence.holds.pop(call_id, None)
-                return await self._append_deferred(evidence, batch, durable)
             await self._make_room(evidence, call_id, len(batch), then=then)
             worker, epoch = self._membership.credentials()
             at = self._now()
@@ -387,28 +286,25 @@ class EvidenceRecorder:
         if evidence.holds.pop(call_id, None) is not None:
             _settle(evidence)
 
-    def due(self, evidence: EvidenceSession) -> bool:
-        """The chain is open and past its age bound (a sweep retires it once it is quiet)."""
-        return (
-            not evidence.closed
-            and not evidence.dormant
-            and self._monotonic() - evidence.opened_at >= self._max_age_s
-        )
+    async def retire(
+        self, evidence: EvidenceSession, reason: CloseReason, *, wait_s: float | None
+    ) -> str | None:
+        """Close the chain with its claim, leaving the handle dormant (its next append reopens).
 
-    async def retire(self, evidence: EvidenceSession, reason: CloseReason, *, wait_s: float) -> str | None:
-        """Close the chain with its claim once it is quiet, leaving the handle dormant.
-
-        Waits up to ``wait_s`` for the calls holding slots in it to finish (a call's entries stay
-        in one chain); past that it closes anyway, and a late entry opens a new chain. Returns
-        the id of the chain closed, or ``None`` when there was none open. Raises ``StoreError``.
+        ``wait_s=None``: only if no call holds slots in it (a call's entries stay in one chain);
+        else ``None`` is returned and nothing changes. A number: wait up to that long for the
+        holders to finish, then close anyway (shutdown, revocation), and a late entry opens a new
+        chain. Writes in flight always finish first. Returns the id of the chain closed, or
+        ``None``. Raises ``StoreError``.
         """
         async with evidence.lock:
             if evidence.closed or evidence.dormant:
                 return None
-            with anyio.move_on_after(wait_s):
-                await self._wait_for(evidence, lambda: evidence.quiet)
+            if wait_s is not None:
+                with anyio.move_on_after(wait_s):
+                    await self._wait_for(evidence, lambda: evidence.quiet)
             await self._wait_for(evidence, lambda: evidence.writing == 0)
-            if evidence.closed or evidence.dormant:
+            if evidence.closed or evidence.dormant or (wait_s is None and evidence.holds):
                 return None
             evidence.claim = await self._close_chain(evidence, reason)
             evidence.dormant = True

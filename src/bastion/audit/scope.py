@@ -28,11 +28,7 @@ class EvidenceScope:
         *,
         policy_version: str | None,
         unsafe_disabled: bool = False,
-        deferred: bool = False,
     ) -> None:
-        # Deferred: one sessionless request's chain, sealed in memory and written in one
-        # transaction at its close (or earlier, when an append must be durable).
-        self._deferred = deferred
         self._recorder = recorder
         # Benchmarks only (``bastion serve --unsafe-no-audit``): nothing is recorded.
         self._unsafe_disabled = unsafe_disabled
@@ -63,10 +59,10 @@ class EvidenceScope:
     async def record_many(
         self, batch: list[tuple[AuditEvent, dict[str, Any]]], *, durable: bool = True, then: int = 0
     ) -> list[AuditEntry]:
-        """Append several entries in order, as one durable write.
+        """Append several entries in order, as one durable write, before returning.
 
-        ``durable=False`` lets a deferred scope keep them in memory until its close, which
-        its owner makes happen before it answers; any other scope writes them now. ``then``:
+        ``durable`` is kept for callers (``call.py``) and changes nothing: every scope writes
+        now (one request's own in-memory chain is gone; see ``shared.py``). ``then``:
         how many more entries the batch's call may write; they stay in this chain
         (``recorder.py``) until written or :meth:`end_call`.
         """
@@ -74,13 +70,8 @@ class EvidenceScope:
             return []
         async with self._opening:
             if self._evidence is None:
-                if self._deferred:
-                    self._evidence = self._recorder.prepare(self.agent, policy_version=self._policy_version)
-                else:
-                    self._evidence = await self._recorder.open(
-                        self.agent, policy_version=self._policy_version
-                    )
-        return await self._recorder.append_many(self._evidence, batch, durable=durable, then=then)
+                self._evidence = await self._recorder.open(self.agent, policy_version=self._policy_version)
+        return await self._recorder.append_many(self._evidence, batch, then=then)
 
     def end_call(self, call_id: str) -> None:
         """The call has written everything it will: the chain slots it held are free."""

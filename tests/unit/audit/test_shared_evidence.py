@@ -6,6 +6,7 @@ verifies every closed chain and its claim as ``bastion verify`` would.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -61,10 +62,10 @@ class World:
             profile=PROFILE,
             policy=lambda: PolicyInForce(bundle_hash="sha256:" + "cd" * 32),
             max_entries=max_entries,
-            max_age_s=max_age_s,
+            max_age_s=math.inf,  # as the gateway builds it: the age bound is SharedEvidence's
             monotonic=self.clock,
         )
-        return SharedEvidence(recorder, max_age_s=max_age_s, policy_version=lambda: "t")
+        return SharedEvidence(recorder, max_age_s=max_age_s, policy_version=lambda: "t", monotonic=self.clock)
 
     async def verified(self, session_id: str) -> list[AuditEntry]:
         """The chain's entries, after verifying the chain and its claim (which must exist)."""
@@ -205,29 +206,42 @@ async def test_an_idle_chain_past_its_age_closes_with_its_claim_and_is_forgotten
     assert next(iter(again.values()))[0].session_id != session_id
 
 
-async def test_the_sweep_waits_for_a_call_in_flight_to_finish_in_its_chain(world: World) -> None:
-    """A chain past its age with a call holding a slot closes only after that call's outcome is written."""
+async def test_a_chain_past_its_age_closes_only_after_the_call_holding_a_slot_in_it(world: World) -> None:
+    """The sweep leaves an aged chain open while a call holds a slot in it, and closes it after that call."""
     shared = world.shared(max_age_s=60.0)
     scope = shared.join(ALICE)
     fields = {"call_id": "slow"}
     first = await scope.record_many([(AuditEvent.ADMITTED, fields), (AuditEvent.INVOKING, fields)], then=1)
     world.clock.now += 61.0
-    closed: list[str] = []
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-
-            async def sweep() -> None:
-                closed.extend(await shared.sweep())
-
-            tg.start_soon(sweep)
-            await anyio.wait_all_tasks_blocked()
-            assert closed == []  # waiting for the held slot
-            last = await scope.record_many([(AuditEvent.COMPLETED, fields)], durable=False)
-            scope.end_call("slow")
+    assert await shared.sweep() == []  # the slow call still holds its slot
+    last = await scope.record_many([(AuditEvent.COMPLETED, fields)], durable=False)
+    scope.end_call("slow")
     shared.leave(scope)
-    assert closed == [first[0].session_id] == [last[0].session_id]
-    entries = await world.verified(closed[0])
-    assert [entry.event for entry in entries[-2:]] == ["completed", "session_close"]
+    assert await shared.sweep() == [first[0].session_id] == [last[0].session_id]
+    entries = await world.verified(first[0].session_id)
+    assert [entry.event for entry in entries[-3:]] == ["invoking", "completed", "session_close"]
+
+
+async def test_past_its_age_new_requests_start_a_new_chain_while_old_ones_finish_in_theirs(
+    world: World,
+) -> None:
+    """A request joining past the age bound gets a fresh chain at once; the slow one ends in the old chain."""
+    shared = world.shared(max_age_s=60.0)
+    slow = shared.join(ALICE)
+    fields = {"call_id": "slow"}
+    before = await slow.record_many([(AuditEvent.ADMITTED, fields), (AuditEvent.INVOKING, fields)], then=1)
+    world.clock.now += 61.0
+    with anyio.fail_after(5):  # nobody waits for the slow call to rotate
+        fresh = await race(shared, ALICE, 3)
+    new_chain = {entry.session_id for entries in fresh.values() for entry in entries}
+    assert len(new_chain) == 1 and new_chain != {before[0].session_id}
+    after = await slow.record_many([(AuditEvent.COMPLETED, fields)], durable=False)
+    slow.end_call("slow")
+    shared.leave(slow)
+    assert after[0].session_id == before[0].session_id  # one call, one chain
+    assert await shared.sweep() == [before[0].session_id]  # the old chain closes once quiet
+    assert (await world.verified(before[0].session_id))[-1].detail == {"close_reason": "rotation"}
+    assert await shared.close_all() == list(new_chain)
 
 
 async def test_revocation_closes_only_that_agent_sessions_chain(world: World) -> None:
