@@ -508,8 +508,8 @@ class ToolCallPath:
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         """Write the queued entries and this one in one go (raises ``NotDurable``).
 
-        Durable before the answer: a session-era scope writes now; a sessionless request's
-        scope writes its whole chain, in one transaction, when it closes just before answering.
+        Durable before the answer: every scope writes now (a sessionless request's too, into
+        the chain its agent session shares at this gateway, ``audit/shared.py``).
         """
         await self._write_batch(scope, attempt, [(event, {**attempt.fields(), **extra})], durable=False)
 
@@ -605,11 +605,15 @@ class ToolCallPath:
                 logger.exception("the late-write report could not be written")
 
     def _receipt(self, scope: EvidenceScope, attempt: _Attempt) -> dict[str, Any]:
+        # The chain the call's last entry went to (a shared chain may have rotated since): its
+        # claim is at /sessions/{evidence_session_id}/trace-claim once that chain closes.
+        last = attempt.last
         return {
-            "evidence_session_id": scope.session_id,
+            "evidence_session_id": last.session_id if last else scope.session_id,
             "call_id": attempt.call_id,
             "execution_id": attempt.envelope.execution_id,
-            "entry_hash": attempt.last.hash if attempt.last else None,
+            "seq": last.seq if last else None,
+            "entry_hash": last.hash if last else None,
         }
 
     @staticmethod
