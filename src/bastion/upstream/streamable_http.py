@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -559,7 +560,7 @@ class HttpUpstream:
         if content_type.startswith("application/json"):
             raw = await response.aread()
             try:
-                message = httpx.Response(200, content=raw).json()
+                message = json.loads(raw)
             except ValueError as exc:
                 raise UpstreamProtocolError(f"upstream {self.name} answered invalid JSON") from exc
             return self._final(message, request_id, status)
@@ -568,7 +569,11 @@ class HttpUpstream:
         if not content_type.startswith("text/event-stream"):
             raise UpstreamProtocolError(f"upstream {self.name} answered {content_type or 'no content type'}")
         final: dict[str, Any] | None = None
-        messages = messages_resuming(response, self._reconnect(upstream_session))
+        messages = messages_resuming(
+            response,
+            self._reconnect(upstream_session),
+            is_last=lambda m: "method" not in m and m.get("id") == request_id,
+        )
         with single_exception():
             async with contextlib.aclosing(messages), anyio.create_task_group() as tg:
                 async for message in messages:
@@ -588,8 +593,7 @@ class HttpUpstream:
                             await self._on_stream_notification(method, params, relay)
                         continue
                     if message.get("id") == request_id:
-                        final = message
-                        break
+                        final = message  # the last message: the stream is drained and ends
                 tg.cancel_scope.cancel()
         if final is None:
             raise OutcomeUnknown(f"upstream {self.name} closed the stream without a result")

@@ -118,3 +118,35 @@ async def test_without_a_reconnect_a_drop_is_never_resumed() -> None:
             with pytest.raises(httpx.TransportError):
                 await _read(url, client, None)
     assert asked == []
+
+
+async def test_after_the_answer_a_stream_left_open_is_dropped_within_the_drain_bound() -> None:
+    """An upstream that keeps streaming after the answer: the messages end at once, nothing resumed."""
+    asked: list[str] = []
+
+    async def post(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield b"retry: 10\n" + _event("e1", ANSWER)
+            while True:
+                await anyio.sleep(0.01)
+                yield _event("e2", NOTE)
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    async def get(request: Request) -> Response:
+        asked.append(request.headers.get("last-event-id", ""))
+        return Response(status_code=405)
+
+    app = Starlette(routes=[Route("/mcp", post, methods=["POST"]), Route("/mcp", get, methods=["GET"])])
+    with anyio.fail_after(20):
+        async with (
+            serve_on_loopback(app) as url,
+            httpx.AsyncClient(timeout=10) as client,
+            client.stream("POST", url, json={}) as response,
+        ):
+            messages = messages_resuming(
+                response, _reconnect(client, url), is_last=lambda m: m.get("id") == 1
+            )
+            received = [message async for message in messages]  # an endless stream: ends by the bound
+    assert received == [ANSWER]
+    assert asked == []
