@@ -32,14 +32,14 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
-import httpx2 as httpx
 
+from bastion.upstream.http_client import HttpFailure, UpstreamResponse
 from bastion.upstream.sse import SseCursor, iter_sse_messages
 
 __all__ = ["DRAIN_S", "Reconnect", "messages_resuming"]
 
 # GET <url> with this Last-Event-ID, as an open streamed response.
-Reconnect = Callable[[str], AbstractAsyncContextManager[httpx.Response]]
+Reconnect = Callable[[str], AbstractAsyncContextManager[UpstreamResponse]]
 
 _DEFAULT_RETRY_S = 0.5
 _MAX_RETRY_S = 5.0
@@ -48,7 +48,7 @@ DRAIN_S = 0.1
 
 
 async def messages_resuming(
-    response: httpx.Response,
+    response: UpstreamResponse,
     reconnect: Reconnect | None,
     *,
     is_last: Callable[[dict[str, Any]], bool] | None = None,
@@ -61,7 +61,7 @@ async def messages_resuming(
 
     Raises:
         UpstreamProtocolError: an event whose data is not a JSON object.
-        httpx.HTTPError: the stream broke and cannot be resumed (no id, no ``reconnect``).
+        HttpFailure: the stream broke and cannot be resumed (no id, no ``reconnect``).
     """
     cursor = SseCursor()
     quiet = 0
@@ -76,7 +76,7 @@ async def messages_resuming(
                     if is_last is not None and is_last(message):
                         await _drain(messages)
                         return
-            except (httpx.TransportError, httpx.StreamError):
+            except HttpFailure:
                 # (1) A broken stream is resumable only under the same conditions as an ended one.
                 if reconnect is None or not cursor.last_event_id:
                     raise

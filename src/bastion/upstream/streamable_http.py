@@ -21,13 +21,12 @@ import dataclasses
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.abc
-import httpx2 as httpx
 from mcp.shared.inbound import encode_header_value, mcp_param_headers
 
 from bastion import __version__
@@ -55,6 +54,13 @@ from bastion.upstream.era_paths import (
     with_log_level,
 )
 from bastion.upstream.failure import describe_failure
+from bastion.upstream.http_client import (
+    ConnectError,
+    HttpFailure,
+    HttpTimeout,
+    UpstreamHttp,
+    UpstreamResponse,
+)
 from bastion.upstream.input_rounds import ParkedRounds, ask_mid_call, asks_in_rounds, round_trip
 from bastion.upstream.relay import RequestRelay
 from bastion.upstream.resume import Reconnect, messages_resuming
@@ -75,7 +81,10 @@ logger = logging.getLogger(__name__)
 
 _ACCEPT = "application/json, text/event-stream"
 _GATEWAY_INFO = {"name": "bastion", "version": __version__}
-_SEND_FAILURES = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def _body(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class _SessionGone(Exception):
@@ -107,7 +116,7 @@ class HttpUpstream:
     def __init__(
         self,
         spec: ServerSpec,
-        client: httpx.AsyncClient,
+        client: UpstreamHttp,
         *,
         on_list_changed: ListChangedCallback | None = None,
     ) -> None:
@@ -231,14 +240,14 @@ class HttpUpstream:
             UpstreamUnavailable: no connection, no answer within ``timeout_s``, or a 5xx answer.
         """
         try:
-            response = await self._client.post(
-                self.url,
-                headers={**self._headers, "accept": _ACCEPT, "content-type": "application/json"},
-                content=b'{"jsonrpc":"2.0","id":0,"method":"ping"}',
-                timeout=timeout_s,
-            )
-            await response.aclose()
-        except httpx.HTTPError as exc:
+            with anyio.fail_after(timeout_s):
+                response = await self._client.request(
+                    "POST",
+                    self.url,
+                    headers={**self._headers, "accept": _ACCEPT, "content-type": "application/json"},
+                    content=b'{"jsonrpc":"2.0","id":0,"method":"ping"}',
+                )
+        except (HttpFailure, TimeoutError) as exc:
             raise UpstreamUnavailable(f"upstream {self.name}: {type(exc).__name__}") from exc
         if response.status_code >= 500:
             raise UpstreamUnavailable(f"upstream {self.name} answered HTTP {response.status_code}")
@@ -335,15 +344,17 @@ class HttpUpstream:
         if not isinstance(upstream_session, HttpUpstreamSession) or upstream_session.session_id is None:
             return
         headers = self._session_headers(upstream_session)
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.delete(self.url, headers=headers, timeout=5.0)
+        with contextlib.suppress(HttpFailure), anyio.move_on_after(5.0):
+            await self._client.request("DELETE", self.url, headers=headers)
 
     async def notify_session(self, upstream_session: Any, method: str) -> None:
         if not isinstance(upstream_session, HttpUpstreamSession) or upstream_session.session_id is None:
             return
         headers = {**self._session_headers(upstream_session), "content-type": "application/json"}
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(self.url, headers=headers, json={"jsonrpc": "2.0", "method": method})
+        with contextlib.suppress(HttpFailure):
+            await self._client.request(
+                "POST", self.url, headers=headers, content=_body({"jsonrpc": "2.0", "method": method})
+            )
 
     # ------------------------------------------------------------------ session era
 
@@ -419,12 +430,13 @@ class HttpUpstream:
             server_capabilities if isinstance(server_capabilities, dict) else {},
         )
         try:
-            response = await self._client.post(
+            response = await self._client.request(
+                "POST",
                 self.url,
                 headers={**self._session_headers(upstream_session), "content-type": "application/json"},
                 content=b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
             )
-        except httpx.HTTPError as exc:
+        except HttpFailure as exc:
             raise UpstreamUnavailable(f"upstream {self.name}: {type(exc).__name__}") from exc
         if response.status_code >= 400:
             raise UpstreamProtocolError(f"upstream {self.name} refused notifications/initialized")
@@ -454,7 +466,7 @@ class HttpUpstream:
         relay: RequestRelay,
         *,
         initialize: bool = False,
-    ) -> tuple[dict[str, Any], httpx.Headers]:
+    ) -> tuple[dict[str, Any], Mapping[str, str]]:
         request_id = next(self._ids)
         body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": relay.outbound_params(params)}
         headers = self._session_headers(upstream_session)
@@ -481,11 +493,12 @@ class HttpUpstream:
             "method": "notifications/cancelled",
             "params": {"requestId": request_id, "reason": "cancelled by the client"},
         }
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(
+        with contextlib.suppress(HttpFailure):
+            await self._client.request(
+                "POST",
                 self.url,
                 headers={**self._session_headers(upstream_session), "content-type": "application/json"},
-                json=message,
+                content=_body(message),
             )
 
     # ------------------------------------------------------------------ sessionless era
@@ -528,27 +541,26 @@ class HttpUpstream:
     # ------------------------------------------------------------------ wire
 
     @contextlib.asynccontextmanager
-    async def _stream(self, headers: dict[str, str], body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
-        request = self._client.build_request("POST", self.url, headers=headers, json=body)
+    async def _stream(self, headers: dict[str, str], body: dict[str, Any]) -> AsyncIterator[UpstreamResponse]:
+        sent = False
         try:
-            response = await self._client.send(request, stream=True)
-        except _SEND_FAILURES as exc:
-            raise UpstreamUnavailable(f"upstream {self.name}: {describe_failure(exc)}") from exc
-        except httpx.TimeoutException as exc:
-            raise UpstreamTimeout(f"upstream {self.name}: {type(exc).__name__}") from exc
-        except httpx.HTTPError as exc:
+            async with self._client.stream(
+                "POST", self.url, headers=headers, content=_body(body)
+            ) as response:
+                sent = True
+                yield response
+        except HttpFailure as exc:
+            if sent:
+                raise OutcomeUnknown(f"upstream {self.name}: connection lost ({type(exc).__name__})") from exc
+            if isinstance(exc, ConnectError):
+                raise UpstreamUnavailable(f"upstream {self.name}: {describe_failure(exc)}") from exc
+            if isinstance(exc, HttpTimeout):
+                raise UpstreamTimeout(f"upstream {self.name}: {type(exc).__name__}") from exc
             raise OutcomeUnknown(f"upstream {self.name}: {type(exc).__name__}") from exc
-        try:
-            yield response
-        except httpx.HTTPError as exc:
-            raise OutcomeUnknown(f"upstream {self.name}: connection lost ({type(exc).__name__})") from exc
-        finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
 
     async def _read_reply(
         self,
-        response: httpx.Response,
+        response: UpstreamResponse,
         request_id: int,
         relay: RequestRelay,
         upstream_session: HttpUpstreamSession | None,
@@ -605,7 +617,7 @@ class HttpUpstream:
             return None  # the sessionless era has no GET stream to resume on
 
         @contextlib.asynccontextmanager
-        async def reconnect(last_event_id: str) -> AsyncIterator[httpx.Response]:
+        async def reconnect(last_event_id: str) -> AsyncIterator[UpstreamResponse]:
             headers = {
                 **self._session_headers(upstream_session),
                 "accept": "text/event-stream",
@@ -646,11 +658,12 @@ class HttpUpstream:
                 reply = {"jsonrpc": "2.0", "id": upstream_request_id, "error": exc.error}
         if upstream_session is None:
             return  # the sessionless era has no back channel for answers
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(
+        with contextlib.suppress(HttpFailure):
+            await self._client.request(
+                "POST",
                 self.url,
                 headers={**self._session_headers(upstream_session), "content-type": "application/json"},
-                json=reply,
+                content=_body(reply),
             )
 
     def _final(self, message: Any, request_id: int, status: int) -> dict[str, Any]:
@@ -703,7 +716,7 @@ class HttpUpstream:
                     "GET",
                     self.url,
                     headers={**self._session_headers(catalog), "accept": "text/event-stream", **resume},
-                    timeout=httpx.Timeout(None, connect=5.0),
+                    read_timeout_s=None,
                 ) as response:
                     if response.status_code != 200:
                         return
@@ -716,7 +729,7 @@ class HttpUpstream:
                             await self._on_list_changed(self.name)
                         elif message.get("method") in SURFACE_LIST_CHANGED and self.on_surface_changed:
                             await self.on_surface_changed(self.name, message["method"])
-            except (httpx.HTTPError, UpstreamProtocolError):
+            except (HttpFailure, UpstreamProtocolError):
                 pass
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
-import httpx2 as httpx
 import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -21,6 +20,7 @@ from bastion.examples.tools_server import build_app, build_server
 from bastion.policy.snapshot import ServerSpec, UpstreamKind
 from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.base import CallContext, UpstreamSessions
+from bastion.upstream.http_client import UpstreamHttp
 from bastion.upstream.streamable_http import HttpUpstream
 
 pytestmark = pytest.mark.anyio
@@ -47,7 +47,7 @@ async def test_sequential_calls_share_one_kept_alive_connection(tmp_path: Path, 
     with anyio.fail_after(30):
         async with (
             serve_on_loopback(app) as url,
-            httpx.AsyncClient(timeout=10, trust_env=False) as client,
+            UpstreamHttp(read_timeout_s=10) as client,
             anyio.create_task_group() as tg,
         ):
             spec = ServerSpec(name="tools", namespace="tools", kind=UpstreamKind.HTTP, url=url, era=era)
