@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 _UNSET: Any = object()
+_KEEPALIVE_S = 4.0
 
 
 class HttpFailure(Exception):
@@ -111,7 +112,11 @@ class UpstreamHttp:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
+                # Idle connections are let go before common servers' own keep-alive bound (uvicorn: 5 s),
+                # so a request is rarely sent on a connection the server is just closing.
+                connector=aiohttp.TCPConnector(
+                    limit=self._max_connections, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S
+                ),
                 timeout=aiohttp.ClientTimeout(
                     total=None, connect=self._connect_timeout_s, sock_read=self._read_timeout_s
                 ),
