@@ -813,6 +813,8 @@ class Gateway:
         outcome (``outcome_unknown`` when sent), so no entry is left without a chain.
         """
         cancelled = self.registry.remove(transport_session)
+        if self.router is not None:  # its resource subscriptions end with it (issue 9)
+            await self.router.subscriptions.session_closed(transport_session)
         change = self.attachments.session_closed(transport_session_ref(transport_session.id))
         if change.detached and self._task_group is not None:
             self._task_group.start_soon(self._persist_surface, change)

@@ -39,12 +39,13 @@ from typing import Any
 
 import anyio
 
+from bastion.admission.states import ExecutionState
 from bastion.audit.chain import ChainSummary, CloseReason, attestation_entry, link_entry, make_genesis
 from bastion.audit.claim import ClaimProfile, PolicyInForce, issue_claim
 from bastion.audit.entry import AuditEntry, AuditEvent
 from bastion.crypto.keys import Keyring
 from bastion.ids import AgentId, EvidenceSessionId, new_evidence_session_id
-from bastion.store.base import Store
+from bastion.store.base import ExecutionStep, Store
 from bastion.workers.membership import WorkerMembership
 
 __all__ = ["MIN_MAX_ENTRIES", "Attestor", "EvidenceRecorder", "EvidenceSession"]
@@ -207,7 +208,11 @@ class EvidenceRecorder:
         return claim
 
     async def _append_deferred(
-        self, evidence: EvidenceSession, batch: list[tuple[AuditEvent, dict[str, Any]]], durable: bool
+        self,
+        evidence: EvidenceSession,
+        batch: list[tuple[AuditEvent, dict[str, Any]]],
+        durable: bool,
+        step: ExecutionStep | None = None,
     ) -> list[AuditEntry]:
         worker, epoch = self._membership.credentials()
         at = self._now()
@@ -236,6 +241,7 @@ class EvidenceRecorder:
                 worker=worker,
                 epoch=epoch,
                 then=(evidence.attestation, *evidence.buffered, *entries),
+                step=step,
             )
             evidence.persisted = True
             evidence.buffered = []
@@ -319,8 +325,12 @@ class EvidenceRecorder:
         *,
         durable: bool = True,
         then: int = 0,
+        step: ExecutionStep | None = None,
     ) -> list[AuditEntry]:
         """Append several entries in order (rotating first if due); one store write when the store can.
+
+        With ``step``, that execution transition is written in the same transaction as the
+        entries (``store/base.py`` :class:`ExecutionStep`), so always durably, now.
 
         On a deferred session, ``durable=False`` only seals the entries in memory: they are
         written with the session's close (which the caller makes happen before its answer).
@@ -338,7 +348,7 @@ class EvidenceRecorder:
                         evidence.holds[call_id] = then
                     else:
                         evidence.holds.pop(call_id, None)
-                return await self._append_deferred(evidence, batch, durable)
+                return await self._append_deferred(evidence, batch, durable or step is not None, step)
             await self._make_room(evidence, call_id, len(batch), then=then)
             worker, epoch = self._membership.credentials()
             at = self._now()
@@ -347,10 +357,22 @@ class EvidenceRecorder:
                 for event, fields in batch
             ]
             entries = await self._store.append_entries(
-                evidence.session_id, builders, worker=worker, epoch=epoch
+                evidence.session_id, builders, worker=worker, epoch=epoch, step=step
             )
             evidence.entries += len(entries)
             return entries
+
+    async def step_alone(self, step: ExecutionStep) -> None:
+        """Make ``step`` with no entries: for a scope that records nothing (``--unsafe-no-audit``)."""
+        worker, epoch = self._membership.credentials()
+        if step.reserve_binding is not None:
+            raise ValueError("a step that reserves is written with its audit entries")
+        if step.target is ExecutionState.INVOKING:
+            await self._store.mark_invoking(step.agent, step.execution_id, worker=worker, epoch=epoch)
+        else:
+            await self._store.record_outcome(
+                step.agent, step.execution_id, step.target, worker=worker, epoch=epoch
+            )
 
     def end_call(self, evidence: EvidenceSession, call_id: str) -> None:
         """The call wrote its last entry (or never will): the slots it held are free."""

@@ -15,6 +15,7 @@ from bastion.audit.chain import CloseReason
 from bastion.audit.entry import AuditEntry, AuditEvent, format_ts
 from bastion.audit.recorder import EvidenceRecorder, EvidenceSession
 from bastion.ids import AgentId
+from bastion.store.base import ExecutionStep
 
 __all__ = ["EvidenceScope"]
 
@@ -55,16 +56,24 @@ class EvidenceScope:
         return await self._recorder.append(self._evidence, event, **fields)
 
     async def record_many(
-        self, batch: list[tuple[AuditEvent, dict[str, Any]]], *, durable: bool = True, then: int = 0
+        self,
+        batch: list[tuple[AuditEvent, dict[str, Any]]],
+        *,
+        durable: bool = True,
+        then: int = 0,
+        step: ExecutionStep | None = None,
     ) -> list[AuditEntry]:
         """Append several entries in order, as one durable write.
 
         ``durable=False`` lets a deferred scope keep them in memory until its close, which
         its owner makes happen before it answers; any other scope writes them now. ``then``:
         how many more entries the batch's call may write; they stay in this chain
-        (``recorder.py``) until written or :meth:`end_call`.
+        (``recorder.py``) until written or :meth:`end_call`. ``step``: an execution transition
+        written in the same transaction as the entries (always now, whatever ``durable`` says).
         """
-        if self._unsafe_disabled or not batch:
+        if self._unsafe_disabled and step is not None:
+            await self._recorder.step_alone(step)
+        if self._unsafe_disabled or not (batch or step):
             return []
         async with self._opening:
             if self._evidence is None:
@@ -74,7 +83,7 @@ class EvidenceScope:
                     self._evidence = await self._recorder.open(
                         self.agent, policy_version=self._policy_version
                     )
-        return await self._recorder.append_many(self._evidence, batch, durable=durable, then=then)
+        return await self._recorder.append_many(self._evidence, batch, durable=durable, then=then, step=step)
 
     def end_call(self, call_id: str) -> None:
         """The call has written everything it will: the chain slots it held are free."""
