@@ -259,7 +259,7 @@ class HttpUpstream:
                     content=b'{"jsonrpc":"2.0","id":0,"method":"ping"}',
                 )
         except (HttpFailure, TimeoutError) as exc:
-            raise UpstreamUnavailable(f"upstream {self.name}: {type(exc).__name__}") from exc
+            raise UpstreamUnavailable(f"upstream {self.name}: {describe_failure(exc)}") from exc
         if response.status_code >= 500:
             raise UpstreamUnavailable(f"upstream {self.name} answered HTTP {response.status_code}")
 
