@@ -17,7 +17,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import httpx2 as httpx
 
 from bastion.background import BackgroundTasks
 from bastion.errors import ConfigError, UpstreamError
@@ -25,6 +24,7 @@ from bastion.policy.snapshot import TOOL_NAME_RULE, ServerSpec, Snapshot, Upstre
 from bastion.upstream.base import CallContext, Upstream, UpstreamHealth, UpstreamReplied
 from bastion.upstream.catalog import Collision, ToolEntry, all_collisions, exposed_name, merge_catalog
 from bastion.upstream.health import HealthSchedule, UpstreamProber
+from bastion.upstream.http_client import UpstreamHttp
 from bastion.upstream.stdio import StdioUpstream
 from bastion.upstream.streamable_http import HttpUpstream
 
@@ -52,12 +52,7 @@ class UpstreamFleet:
         self._snapshot = snapshot
         self._separator = snapshot.gateway.tool_separator
         self._on_namespace_changed = on_namespace_changed
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(snapshot.gateway.upstream_timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=128),
-            follow_redirects=False,
-            trust_env=False,
-        )
+        self._http = UpstreamHttp(read_timeout_s=snapshot.gateway.upstream_timeout_s)
         self.upstreams: dict[str, Upstream] = {
             name: self._build(spec) for name, spec in snapshot.servers.items()
         }

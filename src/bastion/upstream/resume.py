@@ -20,6 +20,11 @@ Rules:
    the gateway can let its own client go the same way (``transport/channel.py``).
 
 Never resends the request itself: a resumed stream can only replay, never act twice.
+
+Once the caller's answer has come (``is_last``), the rest of that stream is read and dropped,
+for at most ``DRAIN_S``: an upstream ends the stream right after the answer, and a response
+read to its end hands its kept-alive connection back to the pool. Left half-read, the
+connection is closed instead and the next call pays a new TCP connection on both sides.
 """
 
 from __future__ import annotations
@@ -30,31 +35,37 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
-import httpx2 as httpx
 
+from bastion.upstream.http_client import HttpFailure, UpstreamResponse
 from bastion.upstream.sse import SseCursor, iter_sse_messages
 
-__all__ = ["Reconnect", "messages_resuming"]
+__all__ = ["DRAIN_S", "Reconnect", "messages_resuming"]
 
 # GET <url> with this Last-Event-ID, as an open streamed response.
-Reconnect = Callable[[str], AbstractAsyncContextManager[httpx.Response]]
+Reconnect = Callable[[str], AbstractAsyncContextManager[UpstreamResponse]]
 
 _DEFAULT_RETRY_S = 0.5
 _MAX_RETRY_S = 5.0
+# How long the end of a stream is awaited once its answer is in; past it the connection is closed.
+DRAIN_S = 0.1
 
 
 async def messages_resuming(
-    response: httpx.Response,
+    response: UpstreamResponse,
     reconnect: Reconnect | None,
     *,
+    is_last: Callable[[dict[str, Any]], bool] | None = None,
     max_quiet: int = 3,
     on_pause: Callable[[int | None], Awaitable[None]] | None = None,
 ) -> AsyncGenerator[dict[str, Any], None]:
     """The messages of ``response``, then of each resumed stream, until one ends for good.
 
+    After a message for which ``is_last`` holds, nothing more is yielded: the stream is
+    drained (bounded) and the messages end, without resuming.
+
     Raises:
         UpstreamProtocolError: an event whose data is not a JSON object.
-        httpx.HTTPError: the stream broke and cannot be resumed (no id, no ``reconnect``).
+        HttpFailure: the stream broke and cannot be resumed (no id, no ``reconnect``).
     """
     cursor = SseCursor()
     quiet = 0
@@ -62,12 +73,16 @@ async def messages_resuming(
         source = response
         while True:
             seen = cursor.events
+            messages = iter_sse_messages(source.aiter_bytes(), cursor)
             ended = False
             try:
-                async for message in iter_sse_messages(source.aiter_bytes(), cursor):
+                async for message in messages:
                     yield message
+                    if is_last is not None and is_last(message):
+                        await _drain(messages)
+                        return
                 ended = True
-            except (httpx.TransportError, httpx.StreamError):
+            except HttpFailure:
                 # (1) A broken stream is resumable only under the same conditions as an ended one.
                 if reconnect is None or not cursor.last_event_id:
                     raise
@@ -87,3 +102,11 @@ async def messages_resuming(
             content_type = source.headers.get("content-type", "")
             if source.status_code != 200 or not content_type.startswith("text/event-stream"):
                 return
+
+
+async def _drain(messages: AsyncGenerator[dict[str, Any], None]) -> None:
+    """Read what is left of a stream whose answer is in, for at most ``DRAIN_S``; never raises."""
+    with contextlib.suppress(Exception), anyio.move_on_after(DRAIN_S):
+        async for _ in messages:
+            pass
+    await messages.aclose()

@@ -15,16 +15,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-import httpx2 as httpx
 
 from bastion.errors import UpstreamProtocolError
+from bastion.upstream.http_client import HttpFailure, UpstreamHttp
 from bastion.upstream.sse import SseCursor, iter_sse_messages
 
 __all__ = ["follow_session_stream"]
 
 
 async def follow_session_stream(
-    client: httpx.AsyncClient,
+    client: UpstreamHttp,
     url: str,
     headers: dict[str, str],
     on_message: Callable[[dict[str, Any]], Awaitable[None]],
@@ -45,7 +45,7 @@ async def follow_session_stream(
                 "GET",
                 url,
                 headers={**headers, "accept": "text/event-stream", **resume},
-                timeout=httpx.Timeout(None, connect=5.0),
+                read_timeout_s=None,
             ) as response:
                 if opened is not None:
                     opened.set()
@@ -54,7 +54,7 @@ async def follow_session_stream(
                 backoff = 0.5
                 async for message in iter_sse_messages(response.aiter_bytes(), cursor):
                     await on_message(message)
-        except (httpx.HTTPError, UpstreamProtocolError):
+        except (HttpFailure, UpstreamProtocolError):
             pass
         if opened is not None:
             opened.set()

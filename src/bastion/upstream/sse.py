@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,7 +119,7 @@ async def iter_sse_events(
 
 async def iter_sse_messages(
     chunks: AsyncIterator[bytes], cursor: SseCursor | None = None
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     """The JSON-RPC messages of the stream's ``message`` events.
 
     Raises:

@@ -19,14 +19,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.abc
-import httpx2 as httpx
 from mcp.shared.inbound import encode_header_value, mcp_param_headers
 
 from bastion import __version__
@@ -56,6 +56,13 @@ from bastion.upstream.era_paths import (
     with_log_level,
 )
 from bastion.upstream.failure import describe_failure
+from bastion.upstream.http_client import (
+    ConnectError,
+    HttpFailure,
+    HttpTimeout,
+    UpstreamHttp,
+    UpstreamResponse,
+)
 from bastion.upstream.input_rounds import ParkedRounds, ask_mid_call, asks_in_rounds, round_trip
 from bastion.upstream.relay import RequestRelay
 from bastion.upstream.resource_listens import ACK_TIMEOUT_S, ResourceListens
@@ -77,7 +84,10 @@ logger = logging.getLogger(__name__)
 
 _ACCEPT = "application/json, text/event-stream"
 _GATEWAY_INFO = {"name": "bastion", "version": __version__}
-_SEND_FAILURES = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def _body(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class _SessionGone(Exception):
@@ -111,7 +121,7 @@ class HttpUpstream:
     def __init__(
         self,
         spec: ServerSpec,
-        client: httpx.AsyncClient,
+        client: UpstreamHttp,
         *,
         on_list_changed: ListChangedCallback | None = None,
     ) -> None:
@@ -241,15 +251,15 @@ class HttpUpstream:
             UpstreamUnavailable: no connection, no answer within ``timeout_s``, or a 5xx answer.
         """
         try:
-            response = await self._client.post(
-                self.url,
-                headers={**self._headers, "accept": _ACCEPT, "content-type": "application/json"},
-                content=b'{"jsonrpc":"2.0","id":0,"method":"ping"}',
-                timeout=timeout_s,
-            )
-            await response.aclose()
-        except httpx.HTTPError as exc:
-            raise UpstreamUnavailable(f"upstream {self.name}: {type(exc).__name__}") from exc
+            with anyio.fail_after(timeout_s):
+                response = await self._client.request(
+                    "POST",
+                    self.url,
+                    headers={**self._headers, "accept": _ACCEPT, "content-type": "application/json"},
+                    content=b'{"jsonrpc":"2.0","id":0,"method":"ping"}',
+                )
+        except (HttpFailure, TimeoutError) as exc:
+            raise UpstreamUnavailable(f"upstream {self.name}: {describe_failure(exc)}") from exc
         if response.status_code >= 500:
             raise UpstreamUnavailable(f"upstream {self.name} answered HTTP {response.status_code}")
 
@@ -347,15 +357,17 @@ class HttpUpstream:
         if upstream_session.watch is not None:
             upstream_session.watch.cancel()
         headers = self._session_headers(upstream_session)
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.delete(self.url, headers=headers, timeout=5.0)
+        with contextlib.suppress(HttpFailure), anyio.move_on_after(5.0):
+            await self._client.request("DELETE", self.url, headers=headers)
 
     async def notify_session(self, upstream_session: Any, method: str) -> None:
         if not isinstance(upstream_session, HttpUpstreamSession) or upstream_session.session_id is None:
             return
         headers = {**self._session_headers(upstream_session), "content-type": "application/json"}
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(self.url, headers=headers, json={"jsonrpc": "2.0", "method": method})
+        with contextlib.suppress(HttpFailure):
+            await self._client.request(
+                "POST", self.url, headers=headers, content=_body({"jsonrpc": "2.0", "method": method})
+            )
 
     # ------------------------------------------------------------------ session era
 
@@ -431,12 +443,13 @@ class HttpUpstream:
             server_capabilities if isinstance(server_capabilities, dict) else {},
         )
         try:
-            response = await self._client.post(
+            response = await self._client.request(
+                "POST",
                 self.url,
                 headers={**self._session_headers(upstream_session), "content-type": "application/json"},
                 content=b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
             )
-        except httpx.HTTPError as exc:
+        except HttpFailure as exc:
             raise UpstreamUnavailable(f"upstream {self.name}: {type(exc).__name__}") from exc
         if response.status_code >= 400:
             raise UpstreamProtocolError(f"upstream {self.name} refused notifications/initialized")
@@ -466,7 +479,7 @@ class HttpUpstream:
         relay: RequestRelay,
         *,
         initialize: bool = False,
-    ) -> tuple[dict[str, Any], httpx.Headers]:
+    ) -> tuple[dict[str, Any], Mapping[str, str]]:
         request_id = next(self._ids)
         body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": relay.outbound_params(params)}
         headers = self._session_headers(upstream_session)
@@ -493,11 +506,12 @@ class HttpUpstream:
             "method": "notifications/cancelled",
             "params": {"requestId": request_id, "reason": "cancelled by the client"},
         }
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(
+        with contextlib.suppress(HttpFailure):
+            await self._client.request(
+                "POST",
                 self.url,
                 headers={**self._session_headers(upstream_session), "content-type": "application/json"},
-                json=message,
+                content=_body(message),
             )
 
     # ------------------------------------------------------------------ sessionless era
@@ -540,27 +554,26 @@ class HttpUpstream:
     # ------------------------------------------------------------------ wire
 
     @contextlib.asynccontextmanager
-    async def _stream(self, headers: dict[str, str], body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
-        request = self._client.build_request("POST", self.url, headers=headers, json=body)
+    async def _stream(self, headers: dict[str, str], body: dict[str, Any]) -> AsyncIterator[UpstreamResponse]:
+        sent = False
         try:
-            response = await self._client.send(request, stream=True)
-        except _SEND_FAILURES as exc:
-            raise UpstreamUnavailable(f"upstream {self.name}: {describe_failure(exc)}") from exc
-        except httpx.TimeoutException as exc:
-            raise UpstreamTimeout(f"upstream {self.name}: {type(exc).__name__}") from exc
-        except httpx.HTTPError as exc:
+            async with self._client.stream(
+                "POST", self.url, headers=headers, content=_body(body)
+            ) as response:
+                sent = True
+                yield response
+        except HttpFailure as exc:
+            if sent:
+                raise OutcomeUnknown(f"upstream {self.name}: connection lost ({type(exc).__name__})") from exc
+            if isinstance(exc, ConnectError):
+                raise UpstreamUnavailable(f"upstream {self.name}: {describe_failure(exc)}") from exc
+            if isinstance(exc, HttpTimeout):
+                raise UpstreamTimeout(f"upstream {self.name}: {type(exc).__name__}") from exc
             raise OutcomeUnknown(f"upstream {self.name}: {type(exc).__name__}") from exc
-        try:
-            yield response
-        except httpx.HTTPError as exc:
-            raise OutcomeUnknown(f"upstream {self.name}: connection lost ({type(exc).__name__})") from exc
-        finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
 
     async def _read_reply(
         self,
-        response: httpx.Response,
+        response: UpstreamResponse,
         request_id: int,
         relay: RequestRelay,
         upstream_session: HttpUpstreamSession | None,
@@ -572,7 +585,7 @@ class HttpUpstream:
         if content_type.startswith("application/json"):
             raw = await response.aread()
             try:
-                message = httpx.Response(200, content=raw).json()
+                message = json.loads(raw)
             except ValueError as exc:
                 raise UpstreamProtocolError(f"upstream {self.name} answered invalid JSON") from exc
             return self._final(message, request_id, status)
@@ -581,7 +594,12 @@ class HttpUpstream:
         if not content_type.startswith("text/event-stream"):
             raise UpstreamProtocolError(f"upstream {self.name} answered {content_type or 'no content type'}")
         final: dict[str, Any] | None = None
-        messages = messages_resuming(response, self._reconnect(upstream_session), on_pause=relay.on_pause)
+        messages = messages_resuming(
+            response,
+            self._reconnect(upstream_session),
+            is_last=lambda m: "method" not in m and m.get("id") == request_id,
+            on_pause=relay.on_pause,
+        )
         with single_exception():
             async with contextlib.aclosing(messages), anyio.create_task_group() as tg:
                 async for message in messages:
@@ -601,8 +619,7 @@ class HttpUpstream:
                             await self._on_stream_notification(method, params, relay, upstream_session)
                         continue
                     if message.get("id") == request_id:
-                        final = message
-                        break
+                        final = message  # the last message: the stream is drained and ends
                 tg.cancel_scope.cancel()
         if final is None:
             raise OutcomeUnknown(f"upstream {self.name} closed the stream without a result")
@@ -614,7 +631,7 @@ class HttpUpstream:
             return None  # the sessionless era has no GET stream to resume on
 
         @contextlib.asynccontextmanager
-        async def reconnect(last_event_id: str) -> AsyncIterator[httpx.Response]:
+        async def reconnect(last_event_id: str) -> AsyncIterator[UpstreamResponse]:
             headers = {
                 **self._session_headers(upstream_session),
                 "accept": "text/event-stream",
@@ -665,11 +682,12 @@ class HttpUpstream:
                 reply = {"jsonrpc": "2.0", "id": upstream_request_id, "error": exc.error}
         if upstream_session is None:
             return  # the sessionless era has no back channel for answers
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(
+        with contextlib.suppress(HttpFailure):
+            await self._client.request(
+                "POST",
                 self.url,
                 headers={**self._session_headers(upstream_session), "content-type": "application/json"},
-                json=reply,
+                content=_body(reply),
             )
 
     def _final(self, message: Any, request_id: int, status: int) -> dict[str, Any]:

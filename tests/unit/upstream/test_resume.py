@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-import httpx2 as httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -22,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from bastion.testing.loopback import serve_on_loopback
+from bastion.upstream.http_client import HttpFailure, UpstreamHttp, UpstreamResponse
 from bastion.upstream.resume import Reconnect, messages_resuming
 
 pytestmark = pytest.mark.anyio
@@ -58,10 +58,10 @@ def _upstream(*, ids: bool, replay: bool) -> tuple[Starlette, list[str]]:
     return app, asked
 
 
-async def _read(url: str, client: httpx.AsyncClient, reconnect: Reconnect | None) -> list[dict[str, Any]]:
+async def _read(url: str, client: UpstreamHttp, reconnect: Reconnect | None) -> list[dict[str, Any]]:
     received: list[dict[str, Any]] = []
     async with (
-        client.stream("POST", url, json={}) as response,
+        client.stream("POST", url, headers={}, content=b"{}") as response,
         contextlib.aclosing(messages_resuming(response, reconnect)) as messages,
     ):
         async for message in messages:
@@ -71,9 +71,9 @@ async def _read(url: str, client: httpx.AsyncClient, reconnect: Reconnect | None
     return received
 
 
-def _reconnect(client: httpx.AsyncClient, url: str) -> Reconnect:
+def _reconnect(client: UpstreamHttp, url: str) -> Reconnect:
     @contextlib.asynccontextmanager
-    async def reconnect(last_event_id: str) -> AsyncIterator[httpx.Response]:
+    async def reconnect(last_event_id: str) -> AsyncIterator[UpstreamResponse]:
         async with client.stream("GET", url, headers={"last-event-id": last_event_id}) as response:
             yield response
 
@@ -84,7 +84,7 @@ async def test_a_dropped_stream_with_event_ids_is_resumed_from_the_last_event() 
     """The connection breaks after event e2; a GET with Last-Event-ID e2 brings the answer, nothing twice."""
     app, asked = _upstream(ids=True, replay=True)
     with anyio.fail_after(20):
-        async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=10) as client:
+        async with serve_on_loopback(app) as url, UpstreamHttp(read_timeout_s=10) as client:
             received = await _read(url, client, _reconnect(client, url))
     assert received == [NOTE, ANSWER]
     assert asked == ["e2"]
@@ -94,8 +94,8 @@ async def test_a_dropped_stream_without_event_ids_is_not_resumable() -> None:
     """An upstream that numbers nothing (no event store) cannot be resumed: the break surfaces."""
     app, asked = _upstream(ids=False, replay=True)
     with anyio.fail_after(20):
-        async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=10) as client:
-            with pytest.raises(httpx.TransportError):
+        async with serve_on_loopback(app) as url, UpstreamHttp(read_timeout_s=10) as client:
+            with pytest.raises(HttpFailure):
                 await _read(url, client, _reconnect(client, url))
     assert asked == []
 
@@ -104,7 +104,7 @@ async def test_an_upstream_that_refuses_the_get_ends_the_stream_without_an_answe
     """A 405 to the resuming GET ends the messages; the caller sees no answer (its outcome_unknown stands)."""
     app, asked = _upstream(ids=True, replay=False)
     with anyio.fail_after(20):
-        async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=10) as client:
+        async with serve_on_loopback(app) as url, UpstreamHttp(read_timeout_s=10) as client:
             received = await _read(url, client, _reconnect(client, url))
     assert received == [NOTE]
     assert asked == ["e2"]
@@ -114,7 +114,39 @@ async def test_without_a_reconnect_a_drop_is_never_resumed() -> None:
     """The sessionless era has no GET: the break surfaces even when events carry ids."""
     app, asked = _upstream(ids=True, replay=True)
     with anyio.fail_after(20):
-        async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=10) as client:
-            with pytest.raises(httpx.TransportError):
+        async with serve_on_loopback(app) as url, UpstreamHttp(read_timeout_s=10) as client:
+            with pytest.raises(HttpFailure):
                 await _read(url, client, None)
+    assert asked == []
+
+
+async def test_after_the_answer_a_stream_left_open_is_dropped_within_the_drain_bound() -> None:
+    """An upstream that keeps streaming after the answer: the messages end at once, nothing resumed."""
+    asked: list[str] = []
+
+    async def post(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield b"retry: 10\n" + _event("e1", ANSWER)
+            while True:
+                await anyio.sleep(0.01)
+                yield _event("e2", NOTE)
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    async def get(request: Request) -> Response:
+        asked.append(request.headers.get("last-event-id", ""))
+        return Response(status_code=405)
+
+    app = Starlette(routes=[Route("/mcp", post, methods=["POST"]), Route("/mcp", get, methods=["GET"])])
+    with anyio.fail_after(20):
+        async with (
+            serve_on_loopback(app) as url,
+            UpstreamHttp(read_timeout_s=10) as client,
+            client.stream("POST", url, headers={}, content=b"{}") as response,
+        ):
+            messages = messages_resuming(
+                response, _reconnect(client, url), is_last=lambda m: m.get("id") == 1
+            )
+            received = [message async for message in messages]  # an endless stream: ends by the bound
+    assert received == [ANSWER]
     assert asked == []
