@@ -115,7 +115,7 @@ class FrontDoor:
         router: MethodRouter,
         close_session: SessionClosed,
         evidence_for: Callable[[AgentId], EvidenceScope],
-        request_evidence_for: Callable[[AgentId], EvidenceScope],
+        request_evidence_for: Callable[[Principal], EvidenceScope],
         end_request_evidence: Callable[[EvidenceScope], Awaitable[None]],
         audit_isolation: Callable[[AgentId, str, str], Awaitable[None]],
         serving: Callable[[], None],
@@ -307,8 +307,8 @@ class FrontDoor:
             await reject(send, error, message.id, status=ERROR_CODE_HTTP_STATUS.get(code, 400))
             return
         capabilities = getattr(verdict, "client_capabilities", None)
-        # One evidence session per sessionless request, closed (claim issued) when the request ends.
-        evidence = self._request_evidence_for(principal.agent)
+        # The evidence session this agent session's sessionless requests share (``audit/shared.py``).
+        evidence = self._request_evidence_for(principal)
         caller = Caller(
             agent=principal.agent,
             principal=principal,
@@ -322,19 +322,9 @@ class FrontDoor:
             ),
         )
         try:
-            # The request's evidence session closes, its claim issued, before the answer goes out:
-            # the receipt a client gets always names a claim it can fetch at once.
-            await self._answer(
-                receive,
-                send,
-                caller,
-                message,
-                sse_allowed,
-                cancel_on_disconnect=True,
-                before_finish=lambda: self._end_request_evidence(evidence),
-            )
+            # Its entries are durable before its answer; the claim follows when the chain closes.
+            await self._answer(receive, send, caller, message, sse_allowed, cancel_on_disconnect=True)
         finally:
-            # A safety net for cancelled requests; the normal path closed it before answering.
             with anyio.CancelScope(shield=True), contextlib.suppress(BastionError):
                 await self._end_request_evidence(evidence)
 
