@@ -22,6 +22,7 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -374,3 +375,17 @@ async def test_workflow_id_is_never_derived_from_or_checked_against_execution_id
             mine = [e for e in entries if e["call_id"] == receipt["call_id"]]
             assert {(e["execution_id"], e["workflow_id"]) for e in mine} == {(execution_id, workflow_id)}
             assert mine[-1]["event"] == last_event
+
+
+async def test_execution_ids_hold_with_the_audit_turned_off(tmp_path: Path, tools_upstream: Upstream) -> None:
+    """With ``--unsafe-no-audit`` an execution id still reserves, runs once, and refuses its replay."""
+    snapshot = snapshot_from_mapping(gateway_config(tmp_path, tools_upstream.url), source=None, version="off")
+    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data", unsafe_no_audit=True))
+    counter = tools_upstream.counter_file
+    before = counter_value(counter)
+    async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=30) as http:
+        first = await sessionless_call(http, url, "tools__increment", execution_id="off-1")
+        assert "result" in first, first
+        again = await sessionless_call(http, url, "tools__increment", execution_id="off-1")
+        assert reason_of(again) == "execution_replay"
+    assert counter_value(counter) == before + 1

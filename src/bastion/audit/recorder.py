@@ -292,7 +292,16 @@ class EvidenceRecorder:
         """Make ``step`` with no entries: for a scope that records nothing (``--unsafe-no-audit``)."""
         worker, epoch = self._membership.credentials()
         if step.reserve_binding is not None:
-            raise ValueError("a step that reserves is written with its audit entries")
+            # No entries to keep the two together: reserve (same refusals), then mark.
+            assert step.call_id is not None
+            await self._store.reserve_execution(
+                step.agent,
+                step.execution_id,
+                step.reserve_binding,
+                call_id=step.call_id,
+                worker=worker,
+                epoch=epoch,
+            )
         if step.target is ExecutionState.INVOKING:
             await self._store.mark_invoking(step.agent, step.execution_id, worker=worker, epoch=epoch)
         else:
