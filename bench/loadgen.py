@@ -112,7 +112,7 @@ def _parse_answer(response: httpx.Response, request_id: int) -> dict[str, Any]:
     if content_type.startswith("text/event-stream"):
         data: list[str] = []
         for line in [*response.text.splitlines(), ""]:
-            if line.startswith("data:"):
+            if line.startswith("data:") and line[5:].strip():  # a priming event has empty data
                 data.append(line[5:].removeprefix(" "))
             elif not line and data:
                 message = json.loads("\n".join(data))

@@ -31,6 +31,7 @@ from bastion.audit.read_paths import EvidenceReadPaths
 from bastion.auth.oauth import protected_resource_metadata
 from bastion.auth.principal import Principal
 from bastion.errors import BastionError, ConfigError
+from bastion.front_route import MCP_PATH, McpFirst
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.metrics import GatewayMetrics
 from bastion.policy.snapshot import Snapshot
@@ -158,13 +159,16 @@ def create_app(
                 await gateway.aclose()
                 tg.cancel_scope.cancel()
 
-    return Starlette(
+    # /mcp goes straight to the front door once it exists (front_route.py); the route below
+    # serves it only before start-up (a 500, as before) and under a root_path.
+    return McpFirst(
+        lambda: state.get("front"),
         middleware=[Middleware(StartRefusal, refusal=lambda: state.get("start_refusal"))],
         routes=[
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics),
-            Route("/mcp", _Mcp()),
+            Route(MCP_PATH, _Mcp()),
             Route("/admin/{rest:path}", _Admin(), methods=["GET", "POST"]),
             Route("/.well-known/oauth-protected-resource", protected_resource),
             Route("/.well-known/oauth-protected-resource/mcp", protected_resource),

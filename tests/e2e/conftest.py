@@ -28,6 +28,7 @@ from bastion.gateway import Gateway, RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
 
+SESSIONLESS_MAX_AGE_S = 0.5
 TOKENS = {"alice": "alice-token-" + "a" * 32, "bob": "bob-token-" + "b" * 32}
 
 
@@ -125,7 +126,9 @@ async def running_gateway(tmp_path: Path, tools_upstream: Upstream) -> AsyncIter
     snapshot = snapshot_from_mapping(
         gateway_config(tmp_path, tools_upstream.url), source=None, version="test"
     )
-    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))
+    # A short age bound: the chain sessionless requests share closes, claim issued, within a second.
+    options = RuntimeOptions(data_dir=tmp_path / "data", sessionless_evidence_max_age_s=SESSIONLESS_MAX_AGE_S)
+    app = create_app(snapshot, options)
     async with serve_on_loopback(app) as url:
         yield RunningGateway(url, app.state.gateway, tmp_path)
 

@@ -298,7 +298,8 @@ def tool_call(
 def messages_of(response: httpx.Response) -> list[dict[str, Any]]:
     """Every JSON-RPC message of an answer: one JSON body, or the ``data:`` lines of an SSE stream."""
     if response.headers.get("content-type", "").startswith("text/event-stream"):
-        return [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+        lines = response.text.splitlines()  # a priming event (empty data) is no message
+        return [json.loads(line[5:]) for line in lines if line.startswith("data:") and line[5:].strip()]
     if not response.content:
         return []
     return [response.json()]

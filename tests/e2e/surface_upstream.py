@@ -4,7 +4,10 @@ Two of them behind one gateway collide on purpose: the same URIs (``doc://readme
 ``doc://pages/{page}``) and the same prompt names (``greet``). ``resources/list`` is
 paginated two resources a page, so a gateway page ends where this upstream's does.
 ``--label`` goes into every text, so a test sees which upstream answered. The tool
-``grow_prompt`` adds a prompt and announces ``prompts/list_changed``.
+``grow_prompt`` adds a prompt and announces ``prompts/list_changed``. Resources can be
+subscribed (``resources/subscribe`` per upstream session; ``subscriptions/listen`` at
+2026-07-28); the tool ``touch`` changes ``doc://pages/<page>`` and tells exactly the
+sessions and listen streams subscribed to it, as a real server would.
 
     python -m tests.e2e.surface_upstream --label a            # stdio
     python -m tests.e2e.surface_upstream --label b --http     # prints LISTENING <url>
@@ -18,7 +21,14 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.types import Completion, ListResourcesResult, PaginatedRequestParams
+from mcp.types import (
+    Completion,
+    EmptyResult,
+    ListResourcesResult,
+    PaginatedRequestParams,
+    SubscribeRequestParams,
+    UnsubscribeRequestParams,
+)
 
 from bastion.examples.tools_server import MCP_PATH, serve_announced
 
@@ -27,6 +37,8 @@ _PAGE = 2
 
 def build_server(label: str) -> MCPServer[Any]:
     server: MCPServer[Any] = MCPServer(f"surface-{label}", log_level="WARNING")
+    edits: dict[str, int] = {}
+    subscribed: dict[str, list[Any]] = {}  # URI -> the upstream sessions subscribed to it
 
     @server.resource("doc://readme", name="readme", mime_type="text/plain")
     def readme() -> str:
@@ -42,7 +54,8 @@ def build_server(label: str) -> MCPServer[Any]:
 
     @server.resource("doc://pages/{page}", name="page", mime_type="text/plain")
     def page(page: str) -> str:
-        return f"page {page} of {label}"
+        edited = f", edit {edits[page]}" if page in edits else ""
+        return f"page {page} of {label}{edited}"
 
     @server.prompt(description="Greets someone.")
     def greet(name: str) -> str:
@@ -64,6 +77,34 @@ def build_server(label: str) -> MCPServer[Any]:
         await ctx.notify_prompts_changed()  # 2026: its subscriptions/listen streams
         return f"added {name}"
 
+    @server.tool(description="Changes doc://pages/<page> and tells its subscribers.")
+    async def touch(page: str, ctx: Context) -> str:
+        edits[page] = edits.get(page, 0) + 1
+        uri = f"doc://pages/{page}"
+        for session in list(subscribed.get(uri, [])):
+            await session.send_resource_updated(uri)  # session era: each subscribed session
+        await ctx.notify_resource_updated(uri)  # 2026: the listen streams that named it
+        return f"touched {uri}"
+
+    async def subscribe(ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
+        sessions = subscribed.setdefault(str(params.uri), [])
+        if all(_connection(session) is not _connection(ctx.session) for session in sessions):
+            sessions.append(ctx.session)
+        return EmptyResult()
+
+    async def unsubscribe(ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
+        sessions = subscribed.get(str(params.uri), [])
+        sessions[:] = [s for s in sessions if _connection(s) is not _connection(ctx.session)]
+        return EmptyResult()
+
+    @server.tool(description="How many upstream sessions are subscribed to doc://pages/<page>.")
+    def subscribers(page: str) -> int:
+        return len(subscribed.get(f"doc://pages/{page}", []))
+
+    lowlevel = server._lowlevel_server
+    lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
+    lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
+
     async def list_paged(ctx: Any, params: PaginatedRequestParams | None) -> ListResourcesResult:
         everything = await server.list_resources()
         start = int(params.cursor) if params is not None and params.cursor else 0
@@ -72,8 +113,13 @@ def build_server(label: str) -> MCPServer[Any]:
             resources=everything[start:end], next_cursor=str(end) if end < len(everything) else None
         )
 
-    server._lowlevel_server.add_request_handler("resources/list", PaginatedRequestParams, list_paged)
+    lowlevel.add_request_handler("resources/list", PaginatedRequestParams, list_paged)
     return server
+
+
+def _connection(session: Any) -> Any:
+    # A request's session object is made per request; the connection under it is the upstream session.
+    return getattr(session, "_connection", session)
 
 
 def main() -> None:

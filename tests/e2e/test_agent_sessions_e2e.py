@@ -137,7 +137,7 @@ class SlowCall:
             ) as response:
                 self.status = response.status_code
                 async for line in response.aiter_lines():
-                    if line.startswith("data:"):
+                    if line.startswith("data:") and line[5:].strip():  # not a priming event
                         self.messages.append(json.loads(line[5:]))
                         if self.messages[-1].get("method") == "notifications/progress":
                             self.running.set()

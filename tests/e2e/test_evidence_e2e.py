@@ -1,7 +1,7 @@
 """Evidence a real gateway issues (DESIGN section 4): claims verify offline, pass TRACE, resist tampering.
 
 One module-scoped gateway run produces two closed evidence sessions as files:
-a sessionless request's (closed when the request ends) and a session-era
+the one sessionless requests share (closed at its age bound) and a session-era
 client's (closed by DELETE), each with a call that carries an execution id.
 The helpers at the top (a raw sessionless ``tools/call``, receipts, claim and
 bundle fetches) are shared by the other execution tests of this directory.
@@ -33,7 +33,7 @@ from bastion.crypto.keys import VerifyingKey
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
-from tests.e2e.conftest import TOKENS, RunningGateway, Upstream, gateway_config
+from tests.e2e.conftest import SESSIONLESS_MAX_AGE_S, TOKENS, RunningGateway, Upstream, gateway_config
 from tests.e2e.test_transport_rules import (
     MODERN_META,
     modern_headers,
@@ -191,7 +191,8 @@ class EvidenceFiles:
 async def _produce(directory: Path, tools_url: str) -> dict[str, EvidenceFiles]:
     snapshot = snapshot_from_mapping(gateway_config(directory, tools_url), source=None, version="evidence")
     data_dir = directory / "data"
-    app = create_app(snapshot, RuntimeOptions(data_dir=data_dir))
+    options = RuntimeOptions(data_dir=data_dir, sessionless_evidence_max_age_s=SESSIONLESS_MAX_AGE_S)
+    app = create_app(snapshot, options)
     found: dict[str, tuple[str, str]] = {}
     async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=30) as http:
         with anyio.fail_after(30):
@@ -277,7 +278,7 @@ def test_bundle_records_the_call_and_how_the_session_closed(evidence: EvidenceFi
     assert {e["execution_id"] for e in calls} == {evidence.execution_id}
     assert len({e["call_id"] for e in calls}) == 1
     assert {e["session_id"] for e in entries} == {evidence.session_id}
-    expected_close = "request_end" if evidence.kind == "sessionless" else "client_delete"
+    expected_close = "rotation" if evidence.kind == "sessionless" else "client_delete"
     assert entries[-1]["detail"] == {"close_reason": expected_close}
 
 
@@ -386,14 +387,35 @@ async def test_other_agents_get_404_for_both_read_paths(running_gateway: Running
 
 
 @pytest.mark.anyio
-async def test_sessionless_claim_is_issued_before_the_answer(running_gateway: RunningGateway) -> None:
-    """A sessionless request's claim is available as soon as its answer has arrived."""
+async def test_sessionless_receipts_name_durable_entries_and_the_claim_follows(
+    running_gateway: RunningGateway,
+) -> None:
+    """Each sessionless receipt names an entry already in its chain; the claim follows within the bound."""
     url = running_gateway.url
     async with running_gateway.raw() as http:
-        for _ in range(20):
-            answer = await sessionless_call(http, url, "tools__echo", {"text": "prompt"})
-            session_id = receipt_of(answer)["evidence_session_id"]
-            response = await http.get(
-                f"{origin(url)}/sessions/{session_id}/trace-claim", headers=auth("alice")
-            )
-            assert response.status_code == 200, response.text
+        answer = await sessionless_call(http, url, "tools__echo", {"text": "prompt"})
+        receipt = receipt_of(answer)
+        session_id = receipt["evidence_session_id"]
+        # Durable before the answer: the receipt's entry is in the chain now, seq and hash alike.
+        entries = bundle_entries(await export_bundle(http, url, session_id))
+        assert entries[receipt["seq"]]["hash"] == receipt["entry_hash"]
+        assert entries[receipt["seq"]]["call_id"] == receipt["call_id"]
+        claim = orjson.loads(await wait_for_claim(http, url, session_id))
+    head = next(ref for ref in claim["references"] if ref["rel"] == "bastion:audit-chain-head")
+    assert int(head["id"].rsplit("#", 1)[1]) > receipt["seq"]  # the close entry follows the call
+
+
+@pytest.mark.anyio
+async def test_the_claim_of_an_open_shared_chain_is_not_issued_yet(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
+    """Before its chain closes, the claim is a typed 404 ``claim_not_issued`` with a Retry-After."""
+    snapshot = snapshot_from_mapping(gateway_config(tmp_path, tools_upstream.url), source=None, version="t")
+    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))  # the default 60 s bound
+    async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=30) as http:
+        answer = await sessionless_call(http, url, "tools__echo", {"text": "early"})
+        session_id = receipt_of(answer)["evidence_session_id"]
+        response = await http.get(f"{origin(url)}/sessions/{session_id}/trace-claim", headers=auth("alice"))
+    assert response.status_code == 404
+    assert response.json()["error"]["reason"] == "claim_not_issued"
+    assert response.headers["retry-after"].isdigit()

@@ -31,7 +31,7 @@ from bastion.policy.load import snapshot_from_mapping
 from bastion.store.base import Store
 from bastion.testing.faulty_store import FailWhen, FaultyStore
 from bastion.testing.loopback import serve_on_loopback
-from tests.e2e.conftest import TOKENS, Upstream, counter_value, gateway_config
+from tests.e2e.conftest import SESSIONLESS_MAX_AGE_S, Upstream, counter_value, gateway_config
 from tests.e2e.issue4_support import ADMIN_TOKEN, auth_table, bearer
 from tests.e2e.test_evidence_e2e import (
     bundle_entries,
@@ -43,6 +43,7 @@ from tests.e2e.test_evidence_e2e import (
     save_evidence,
     sessionless_call,
     verify_quietly,
+    wait_for_claim,
     write_public_key,
 )
 from tests.e2e.test_execution_restart import entries_with
@@ -78,7 +79,10 @@ async def faulty_gateway(tmp_path: Path, tools_url: str, when: FailWhen) -> Asyn
     config = {**gateway_config(tmp_path, tools_url), "auth": auth_table()}  # /readyz detail needs the admin
     snapshot = snapshot_from_mapping(config, source=None, version="durability")
     data_dir = tmp_path / "data"
-    app = create_app(snapshot, RuntimeOptions(data_dir=data_dir, store_factory=wrap))
+    options = RuntimeOptions(
+        data_dir=data_dir, store_factory=wrap, sessionless_evidence_max_age_s=SESSIONLESS_MAX_AGE_S
+    )
+    app = create_app(snapshot, options)
     async with serve_on_loopback(app) as url:
         yield FaultyGateway(url, app.state.gateway, made[0], data_dir)
 
@@ -182,19 +186,24 @@ async def test_failed_terminal_write_never_allows_a_second_invocation(
             if e["execution_id"] == execution_id
         ]
         events = [(e["event"], e["reason"], e["outcome"]) for e in entries]
-        assert events[:3] == [
+        # The terminal row and its entry are one write: after the commit both landed (and the
+        # owed refusal says the client was told otherwise); before it, neither did.
+        landed = [("completed", None, "completed")] if when == "after_commit" else []
+        assert events[: 3 + len(landed)] == [
             ("admitted", None, None),
             ("invoking", None, None),
+            *landed,
             ("refused", "terminal_write_failed", "completed"),
         ]
-        assert len({e["call_id"] for e in entries[:3]}) == 1
-        owed = entries[2]
+        assert len({e["call_id"] for e in entries[: 3 + len(landed)]}) == 1
+        owed = entries[2 + len(landed)]
         assert (owed["server"], owed["tool"], owed["binding"]) == (
             "tools",
             "increment",
             entries[0]["binding"],
         )
-        assert ("completed", None, "completed") not in events  # never recorded as completed by guess
+        if when == "before_commit":
+            assert ("completed", None, "completed") not in events  # never recorded as completed by guess
 
         # 6. Once the client session ends, that chain verifies offline with its claim.
         deleted = await http.delete(gw.url, headers=session_headers(transport_session))
@@ -205,9 +214,9 @@ async def test_failed_terminal_write_never_allows_a_second_invocation(
 
 
 async def test_sessionless_failed_terminal_write_recovers(tmp_path: Path, tools_upstream: Upstream) -> None:
-    """Sessionless: the request's chain is closed before storage returns, so the owed entry gets its own.
+    """Sessionless: the owed entry reaches the agent's shared chain (or the next one) once storage returns.
 
-    Regression: the owed write once targeted the closed chain, raised
+    Regression: the owed write once targeted a closed chain, raised
     RuntimeError out of the health watcher and left the store degraded for good.
     """
     counter = tools_upstream.counter_file
@@ -229,7 +238,7 @@ async def test_sessionless_failed_terminal_write_recovers(tmp_path: Path, tools_
         assert [(e["event"], e["outcome"], e["call_id"]) for e in owed] == [
             ("refused", "completed", receipt_of(failed)["call_id"])
         ]
-        assert owed[0]["session_id"] != receipt_of(failed)["evidence_session_id"]
+        assert owed[0]["detail"]["late"] is True
         refused = await sessionless_call(http, gw.url, "tools__increment", execution_id=execution_id)
         assert reason_of(refused) == "execution_in_flight"
         assert counter_value(counter) == before + 1
@@ -275,7 +284,7 @@ async def test_refusals_while_degraded_reach_the_audit_once_storage_returns(
 async def test_a_sessionless_result_is_withheld_when_its_evidence_cannot_be_written(
     tmp_path: Path, tools_upstream: Upstream
 ) -> None:
-    """A sessionless chain is written whole before the answer; if that fails, no success is shown."""
+    """A sessionless call's entries are durable before the answer; if they cannot be, no success is shown."""
     made: list[FaultyStore] = []
 
     def wrap(inner: Store) -> Store:
@@ -284,18 +293,19 @@ async def test_a_sessionless_result_is_withheld_when_its_evidence_cannot_be_writ
 
     config = {**gateway_config(tmp_path, tools_upstream.url), "auth": auth_table()}
     snapshot = snapshot_from_mapping(config, source=None, version="d")
-    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data", store_factory=wrap))
+    options = RuntimeOptions(
+        data_dir=tmp_path / "data", store_factory=wrap, sessionless_evidence_max_age_s=SESSIONLESS_MAX_AGE_S
+    )
+    app = create_app(snapshot, options)
     async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=30) as http:
         failed = await sessionless_call(http, url, "tools__echo", {"text": "x"})
         assert reason_of(failed) == "not_durable", failed
         assert "result" not in failed
         detail = await wait_until_recovered(http, url)
         assert detail["store"]["audit_owed"] == 0
-        # The owed chain was written once storage returned: its claim can be fetched.
-        claimed = await http.get(
-            f"{origin(url)}/sessions/{receipt_of(failed)['evidence_session_id']}/trace-claim",
-            headers={"authorization": f"Bearer {TOKENS['alice']}"},
-        )
+        # The owed entries were written once storage returned, into a chain that closes with a claim.
+        owed = entries_of_call(tmp_path / "data", receipt_of(failed)["call_id"])
+        assert [(e["event"], e["detail"]["late"]) for e in owed] == [("admitted", True), ("completed", True)]
+        await wait_for_claim(http, url, owed[0]["session_id"])
         ok = await sessionless_call(http, url, "tools__echo", {"text": "y"})
-    assert claimed.status_code == 200, claimed.text
     assert ok["result"]["content"][0]["text"] == "y"

@@ -29,7 +29,7 @@ from bastion.gateway import Gateway, RuntimeOptions
 from bastion.ids import AgentId, ExecutionId
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
-from tests.e2e.conftest import Upstream, counter_value, gateway_config
+from tests.e2e.conftest import SESSIONLESS_MAX_AGE_S, Upstream, counter_value, gateway_config
 from tests.e2e.test_evidence_e2e import (
     bundle_entries,
     call_params,
@@ -72,7 +72,10 @@ async def replay_gateway(
     directory = tmp_path_factory.mktemp("replay")
     config = gateway_config(directory, tools_upstream.url, timeout_s=1.0)
     snapshot = snapshot_from_mapping(config, source=None, version="replay")
-    app = create_app(snapshot, RuntimeOptions(data_dir=directory / "data"))
+    options = RuntimeOptions(
+        data_dir=directory / "data", sessionless_evidence_max_age_s=SESSIONLESS_MAX_AGE_S
+    )
+    app = create_app(snapshot, options)
     async with serve_on_loopback(app) as url:
         key = write_public_key(directory / "data", directory / "gateway.pem")
         yield ReplayGateway(url, app.state.gateway, key, directory)
@@ -178,45 +181,44 @@ async def test_replay_is_refused_forever_and_joins_the_first_attempt(
         assert counter_value(counter) - before == ran
         assert await gw.state(execution_id) is case.outcome
 
-        # 3. Both attempts' evidence sessions verify offline, each with its claim.
+        # 3. Every evidence session holding the attempts (one shared chain, or more once it rotated)
+        #    verifies offline with its claim.
+        entries = entries_with(gw.directory / "data", execution_id)
         if first_session is None:  # the cancelled request's receipt never reached the client
-            first_session = await _session_with(http, gw, execution_id, exclude=set(replays))
-        first_bundle, first_claim = await save_evidence(http, gw.url, first_session, gw.directory)
-        replay_bundle, replay_claim = await save_evidence(http, gw.url, replays[0], gw.directory)
+            first_session = next(e["session_id"] for e in entries if e["event"] == "admitted")
+        saved = {
+            session_id: await save_evidence(http, gw.url, session_id, gw.directory)
+            for session_id in sorted({e["session_id"] for e in entries})
+        }
+    first_bundle = saved[first_session][0]
     outcome_entries = [
-        e for e in bundle_entries(first_bundle.read_bytes()) if e["event"] == case.outcome.value
+        e
+        for e in bundle_entries(first_bundle.read_bytes())
+        if e["event"] == case.outcome.value and e["execution_id"] == execution_id
     ]
     assert [(e["reason"], e["workflow_id"]) for e in outcome_entries] == [
         (case.outcome_reason, None if case.name == "cancelled" else "wf-replay")
     ]
-    for bundle, claim in ((first_bundle, first_claim), (replay_bundle, replay_claim)):
+    for bundle, claim in saved.values():
         code, output = verify_quietly(bundle, claim, gw.key)
         assert code == EXIT_OK, output
 
-    # 4. `bastion audit join` lists the first attempt's records, then the replay, by execution id.
+    # 4. `bastion audit join` lists the first attempt's records, then the replays, by execution id.
     out, err = io.StringIO(), io.StringIO()
-    assert run_join(execution_id, [replay_bundle, first_bundle], out=out, err=err) == EXIT_OK, err.getvalue()
+    bundles = [bundle for bundle, _ in saved.values()]
+    assert run_join(execution_id, bundles, out=out, err=err) == EXIT_OK, err.getvalue()
     lines = out.getvalue().splitlines()
     assert lines[0].startswith(
-        f"4 record(s) carry the asserted execution_id {execution_id!r} in 2 evidence session(s)"
+        f"6 record(s) carry the asserted execution_id {execution_id!r} in {len(saved)} evidence session(s)"
     )
     records = [_fields(line) for line in lines[1:] if "event=" in line]
-    assert [r["event"] for r in records] == ["admitted", "invoking", case.outcome.value, "replay"]
-    assert [r["session"] for r in records] == [first_session] * 3 + [replays[0]]
+    assert [r["event"] for r in records] == ["admitted", "invoking", case.outcome.value] + ["replay"] * 3
+    assert [r["session"] for r in records] == [first_session] * 3 + replays
     assert records[2]["outcome"] == case.outcome.value
-    assert records[3]["outcome"] == case.outcome.value  # the refusal names the earlier outcome
-    assert len({r["binding"] for r in records}) == 1  # one binding: a retry, not another operation
+    assert all(r["outcome"] == case.outcome.value for r in records[3:])  # each names the earlier outcome
+    assert len({r["binding"] for r in records}) == 1  # one binding: retries, not another operation
     assert records[0]["call"] != records[3]["call"]  # two attempts
     assert "bindings differ" not in out.getvalue()
-
-
-async def _session_with(
-    http: httpx.AsyncClient, gw: ReplayGateway, execution_id: str, *, exclude: set[str]
-) -> str:
-    """The evidence session of the attempt whose answer the client never read (from the store's chains)."""
-    sessions = {e["session_id"] for e in entries_with(gw.directory / "data", execution_id)} - exclude
-    assert len(sessions) == 1, sessions
-    return sessions.pop()
 
 
 def _fields(line: str) -> dict[str, str]:

@@ -43,7 +43,7 @@ async def post_sse(
             return
         data: list[str] = []
         async for line in response.aiter_lines():
-            if line.startswith("data:"):
+            if line.startswith("data:") and line[5:].strip():  # a priming event has empty data
                 data.append(line[5:].strip())
             elif line == "" and data:
                 await on_message(json.loads("\n".join(data)))

@@ -11,17 +11,38 @@ and the client gets the answer, as if nothing had dropped.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
+import anyio
+import httpx2
 import pytest
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 
+from bastion.app import create_app
+from bastion.auth.bearer import hash_token
+from bastion.gateway import RuntimeOptions
+from bastion.policy.load import snapshot_from_mapping
+from bastion.testing.loopback import serve_on_loopback
+from tests.e2e.conftest import TOKENS
 from tests.e2e.upstream_support import client_through_bastion, listening_upstream, text_of
 
 pytestmark = pytest.mark.anyio
+
+_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
 
 
 def _fixture_server(*flags: str) -> contextlib.AbstractContextManager[str]:
@@ -86,3 +107,72 @@ async def test_an_upstream_without_an_event_store_answers_as_before(
             == "This is a simple text response for testing."
         )
         assert text_of(await client.call_tool("fx__test_reconnection", {})) == "Reconnection test completed"
+
+
+def _sse_events(text: str) -> list[tuple[str, str | None, str]]:
+    """(id, retry, data) of each SSE event in ``text``, priming events (empty data) included."""
+    events: list[tuple[str, str | None, str]] = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) if ": " in line else (line.rstrip(":"), "") for line in block.split("\n")
+        )
+        if "id" in fields or "data" in fields:
+            events.append((fields.get("id", ""), fields.get("retry"), fields.get("data", "")))
+    return events
+
+
+async def test_an_upstream_polling_close_is_mirrored_to_the_client_who_resumes_with_last_event_id(
+    tmp_path: Path, with_event_store: str
+) -> None:
+    """The upstream ends its stream mid-call to be polled, and so does Bastion; a GET resumes the answer."""
+    config = {
+        "servers": {"fx": {"url": with_event_store, "era": "session", "transparent": True}},
+        "agents": {"suite": {"anonymous": True}},
+    }
+    app = create_app(
+        snapshot_from_mapping(config, source=None, version="test"), RuntimeOptions(tmp_path / "data")
+    )
+    accept = {"accept": "application/json, text/event-stream"}
+    async with serve_on_loopback(app) as url, httpx2.AsyncClient(timeout=30) as http:
+        with anyio.fail_after(30):
+            opened = await http.post(url, headers=accept, json=_INITIALIZE)
+            session = {**accept, "mcp-session-id": opened.headers["mcp-session-id"]}
+            await http.post(
+                url, headers=session, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+            )
+            call = {"name": "test_reconnection", "arguments": {}}
+            posted = await http.post(
+                url, headers=session, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}
+            )
+            # The POST stream: a priming event (an id, the upstream's retry hint, no data), then its end.
+            [(event_id, retry, data)] = _sse_events(posted.text)
+            resumed = await http.get(url, headers={**session, "last-event-id": event_id})
+    assert posted.headers["content-type"].startswith("text/event-stream")
+    assert event_id and retry == "500" and data == ""
+    answers = [json.loads(data) for _, _, data in _sse_events(resumed.text) if data]
+    assert [answer["id"] for answer in answers] == [1]
+    assert answers[0]["result"]["content"][0]["text"] == "Reconnection test completed"
+
+
+async def test_the_stdio_adapter_resumes_an_answer_bastion_let_go_mid_call(
+    tmp_path: Path, with_event_store: str
+) -> None:
+    """Through ``bastion connect`` the polling close costs nothing: the adapter fetches the answer by GET."""
+    config = {
+        "servers": {"fx": {"url": with_event_store, "era": "session", "transparent": True}},
+        "agents": {"alice": {"token_sha256": hash_token(TOKENS["alice"])}},
+    }
+    credential = tmp_path / "agent.token"
+    credential.write_text(TOKENS["alice"] + "\n")
+    app = create_app(
+        snapshot_from_mapping(config, source=None, version="test"), RuntimeOptions(tmp_path / "data")
+    )
+    async with serve_on_loopback(app) as url:
+        connect = ["-m", "bastion.cli.main", "connect", "--url", url, "--credential", str(credential)]
+        with anyio.fail_after(60):
+            async with Client(
+                StdioServerParameters(command=sys.executable, args=connect), mode="legacy"
+            ) as client:
+                result = await client.call_tool("test_reconnection", {})
+    assert result.is_error is False
+    assert text_of(result) == "Reconnection test completed"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
 from bastion.errors import InvalidRequest, ParseError
@@ -10,6 +13,7 @@ from bastion.transport.jsonrpc import (
     Request,
     Response,
     decode_body,
+    dumps,
     error_message,
     parse_message,
 )
@@ -98,3 +102,46 @@ def test_moderate_nesting_is_accepted() -> None:
     """Arguments nested well within the bound are parsed as usual."""
     message = parse_message({"jsonrpc": "2.0", "id": 1, "method": "m", "params": {"a": _deep(90)}})
     assert isinstance(message, Request)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a":[1,-2,3.5,1e-7,-0.0,true,null,"\\u00e9t\\u00e9"]}',
+        b"18446744073709551616",  # past u64: orjson alone would read a float
+        b"-9223372036854775809",  # past i64 the other way
+        b'{"n":123456789012345678901234567890}',
+        b"1e400",  # the stdlib reads infinity; wire_problem then refuses it
+        b'{"x":NaN}',
+        b'"\\ud800"',
+        b'\xef\xbb\xbf{"bom":1}',
+        b'{"a":1,"a":2}',
+    ],
+)
+def test_decode_body_reads_what_json_loads_reads(body: bytes) -> None:
+    """decode_body gives the very value (type included) that json.loads gives, on the fast path or not."""
+    decoded, expected = decode_body(body), json.loads(body)
+    if isinstance(expected, float) and not math.isfinite(expected):
+        assert decoded == expected and type(decoded) is float
+        return
+    assert repr(decoded) == repr(expected)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"jsonrpc": "2.0", "id": 1, "result": {"text": "été ☃", "n": 2**70, "f": 0.1}},
+        {"jsonrpc": "2.0", "id": 1, "result": {"k": {1: "non-string key"}}},
+    ],
+)
+def test_dumps_writes_compact_utf8_json_for_every_value(message: dict[str, object]) -> None:
+    """dumps writes compact UTF-8 JSON whose value equals the message, orjson or not."""
+    written = dumps(message)
+    assert b": " not in written and b", " not in written
+    assert json.loads(written) == json.loads(json.dumps(message))
+
+
+def test_dumps_still_refuses_a_lone_surrogate() -> None:
+    """A string with a lone surrogate has no UTF-8 form: dumps raises rather than writing garbage."""
+    with pytest.raises(UnicodeEncodeError):
+        dumps({"jsonrpc": "2.0", "id": 1, "result": {"t": "\ud800"}})

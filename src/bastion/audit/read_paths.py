@@ -1,5 +1,9 @@
 """Read paths for evidence (DESIGN section 4): the TRACE claim and the JSON Lines export of one session.
 
+``GET /sessions/{session_id}/trace-claim`` before the chain closed answers 404
+with reason ``claim_not_issued`` and ``Retry-After`` (an unknown or foreign
+session is 404 ``session_not_found``).
+
 Only the agent that owns the evidence session, or an auditor credential,
 may read it; anyone else gets the same 404 as for a session that does not
 exist. Exports stream page by page, so memory stays flat in chain length.
@@ -29,6 +33,8 @@ from bastion.store.base import Store
 __all__ = ["EvidenceReadPaths"]
 
 _PAGE = 1000
+# Seconds a client waits before asking again for a claim not issued yet.
+_CLAIM_RETRY_AFTER_S = 1
 
 
 class EvidenceReadPaths:
@@ -88,9 +94,12 @@ class EvidenceReadPaths:
             return _error(exc)
         claim = await self._store().get_claim(EvidenceSessionId(session_id))
         if claim is None:
+            # Typed, not an error of the gateway: the chain is open (a shared sessionless chain closes
+            # within its age bound; a session-era one when its session ends). Poll again later.
             return JSONResponse(
                 {"error": {"reason": "claim_not_issued", "message": "the evidence session is still open"}},
                 status_code=404,
+                headers={"retry-after": str(_CLAIM_RETRY_AFTER_S)},
             )
         # Byte-exact RFC 8785 + newline, as `bastion verify` expects a claim file to be.
         return Response(claim_bytes(claim), media_type="application/json")

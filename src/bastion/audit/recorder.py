@@ -1,12 +1,16 @@
 """Evidence sessions at run time: open, append, rotate, close with a TRACE claim (DESIGN sections 1 and 4).
 
 An :class:`EvidenceSession` is one audit chain scoped to a session-era
-transport session, or to one sessionless request. Opening writes the genesis
+transport session, or shared by the sessionless requests of one agent session
+(or agent) at this gateway (``audit/shared.py``). Opening writes the genesis
 entry (seq 0, committing to the signing key id, the session, the agent and a
 nonce) and the attestation entry (seq 1: the chain root bound into TEE
 ``report_data`` where configfs-tsm exists, else ``kind: none`` with the
 reason). Appends go through the store, which reads the head and writes the
-next link in one transaction, so concurrent calls never fork a chain.
+next link in one transaction, so concurrent calls never fork a chain: the
+recorder reserves room under the session's lock, then writes outside it, so
+concurrent calls' appends share the store's group commit; a close waits for
+the writes in flight.
 Before an append, a session past its entry or age bound is rotated: closed
 (reason ``rotation``, claim issued) and replaced by a fresh chain, so every
 claim is bounded and prompt.
@@ -22,7 +26,9 @@ with :meth:`EvidenceRecorder.end_call`), then rotates. The smallest bound is
 :data:`MIN_MAX_ENTRIES`: genesis, attestation, one call's three entries, close.
 
 Closing appends the close entry and closes the chain in one transaction,
-then issues and stores the signed claim.
+then issues and stores the signed claim. :meth:`EvidenceRecorder.retire`
+closes the chain but leaves the handle *dormant*: its next append opens a
+fresh chain behind it (a shared chain that went idle past its age bound).
 
 Every write carries this worker's ``(worker, epoch)``: a superseded worker
 writes nothing (``StaleEpoch``).
@@ -39,12 +45,13 @@ from typing import Any
 
 import anyio
 
+from bastion.admission.states import ExecutionState
 from bastion.audit.chain import ChainSummary, CloseReason, attestation_entry, link_entry, make_genesis
 from bastion.audit.claim import ClaimProfile, PolicyInForce, issue_claim
 from bastion.audit.entry import AuditEntry, AuditEvent
 from bastion.crypto.keys import Keyring
 from bastion.ids import AgentId, EvidenceSessionId, new_evidence_session_id
-from bastion.store.base import Store
+from bastion.store.base import ExecutionStep, Store
 from bastion.workers.membership import WorkerMembership
 
 __all__ = ["MIN_MAX_ENTRIES", "Attestor", "EvidenceRecorder", "EvidenceSession"]
@@ -70,17 +77,19 @@ class EvidenceSession:
     closed: bool = False
     claim: dict[str, Any] | None = None
     lock: anyio.Lock = field(default_factory=anyio.Lock)
-    # A deferred session (one sessionless request) is sealed in memory and written in one
-    # transaction: at its first durable append, or with its close and claim.
-    persisted: bool = True
-    buffered: list[AuditEntry] = field(default_factory=list)
     # Slots held in this chain by calls that wrote their first entries here (call_id -> count).
     holds: dict[str, int] = field(default_factory=dict)
-    holds_ended: anyio.Event = field(default_factory=anyio.Event)
+    # Appends reserved under the lock and being written outside it.
+    writing: int = 0
+    # Set when a hold ends or a write finishes: wakes whoever waits for the chain to be quiet.
+    settled: anyio.Event = field(default_factory=anyio.Event)
+    # Retired (its chain closed with a claim): the next append opens a fresh chain behind it.
+    dormant: bool = False
 
     @property
-    def head(self) -> AuditEntry:
-        return self.buffered[-1] if self.buffered else self.attestation
+    def quiet(self) -> bool:
+        """No call holds slots in the chain and no append is being written to it."""
+        return not self.holds and self.writing == 0
 
 
 class EvidenceRecorder:
@@ -124,11 +133,6 @@ class EvidenceRecorder:
         session_id, genesis, attestation = await self._open_chain(agent, policy_version)
         return EvidenceSession(agent, session_id, genesis, attestation, self._monotonic())
 
-    def prepare(self, agent: AgentId, *, policy_version: str | None = None) -> EvidenceSession:
-        """A chain sealed in memory and not yet written (see :class:`EvidenceSession`)."""
-        session_id, genesis, attestation = self._first_links(agent, policy_version)
-        return EvidenceSession(agent, session_id, genesis, attestation, self._monotonic(), persisted=False)
-
     def _first_links(
         self, agent: AgentId, policy_version: str | None
     ) -> tuple[EvidenceSessionId, AuditEntry, AuditEntry]:
@@ -163,86 +167,15 @@ class EvidenceRecorder:
         async with evidence.lock:
             if evidence.closed:
                 return evidence.claim
-            if evidence.persisted:
-                evidence.claim = await self._close_chain(evidence, reason)
-            else:
-                evidence.claim = await self._write_closed_chain(evidence, reason)
+            await self._wait_for(evidence, lambda: evidence.writing == 0)
+            if evidence.closed:
+                return evidence.claim
+            if evidence.dormant:
+                evidence.closed = True  # its last chain was closed (and claimed) when it retired
+                return evidence.claim
+            evidence.claim = await self._close_chain(evidence, reason)
             evidence.closed = True
             return evidence.claim
-
-    async def _write_closed_chain(self, evidence: EvidenceSession, reason: CloseReason) -> dict[str, Any]:
-        """A deferred chain, from genesis to close and claim, in one transaction."""
-        worker, epoch = self._membership.credentials()
-        head = evidence.head
-        assert head.hash is not None
-        closing = _entry(
-            head.seq + 1,
-            head.hash,
-            evidence.session_id,
-            evidence.agent,
-            AuditEvent.SESSION_CLOSE,
-            self._now(),
-            worker=worker,
-            epoch=epoch,
-            detail={"close_reason": CloseReason(reason).value},
-        )
-        summary = ChainSummary.of(evidence.genesis, evidence.attestation, closing)
-        claim = issue_claim(
-            summary,
-            profile=self._profile,
-            policy=self._policy(),
-            keyring=self._keyring,
-            issued_at=self._now(),
-        )
-        await self._store.open_chain(
-            evidence.session_id,
-            evidence.genesis,
-            worker=worker,
-            epoch=epoch,
-            then=(evidence.attestation, *evidence.buffered, closing),
-            closed_with_claim=claim,
-        )
-        evidence.persisted = True
-        evidence.buffered = []
-        return claim
-
-    async def _append_deferred(
-        self, evidence: EvidenceSession, batch: list[tuple[AuditEvent, dict[str, Any]]], durable: bool
-    ) -> list[AuditEntry]:
-        worker, epoch = self._membership.credentials()
-        at = self._now()
-        entries: list[AuditEntry] = []
-        for event, fields in batch:
-            head = entries[-1] if entries else evidence.head
-            assert head.hash is not None
-            entries.append(
-                _entry(
-                    head.seq + 1,
-                    head.hash,
-                    evidence.session_id,
-                    evidence.agent,
-                    event,
-                    at,
-                    worker=worker,
-                    epoch=epoch,
-                    **fields,
-                )
-            )
-        if durable:
-            # Needed before something irreversible (a send): write the chain so far, now.
-            await self._store.open_chain(
-                evidence.session_id,
-                evidence.genesis,
-                worker=worker,
-                epoch=epoch,
-                then=(evidence.attestation, *evidence.buffered, *entries),
-            )
-            evidence.persisted = True
-            evidence.buffered = []
-        else:
-            evidence.buffered.extend(entries)
-        evidence.entries += len(entries)
-        return entries
 
     async def _close_chain(self, evidence: EvidenceSession, reason: CloseReason) -> dict[str, Any]:
         worker, epoch = self._membership.credentials()
@@ -317,13 +250,14 @@ class EvidenceRecorder:
         evidence: EvidenceSession,
         batch: list[tuple[AuditEvent, dict[str, Any]]],
         *,
-        durable: bool = True,
         then: int = 0,
+        step: ExecutionStep | None = None,
     ) -> list[AuditEntry]:
-        """Append several entries in order (rotating first if due); one store write when the store can.
+        """Append several entries in order (rotating first if due), durably, in one store write.
 
-        On a deferred session, ``durable=False`` only seals the entries in memory: they are
-        written with the session's close (which the caller makes happen before its answer).
+        With ``step``, that execution transition is written in the same transaction as the
+        entries (``store/base.py`` :class:`ExecutionStep`).
+
         ``then`` is how many more entries the batch's call may write to this chain: they are
         held for it (see the module docstring) until it writes them or :meth:`end_call`.
         """
@@ -331,38 +265,92 @@ class EvidenceRecorder:
             if evidence.closed:
                 raise RuntimeError("evidence session is closed")
             call_id = batch[0][1].get("call_id") if batch else None
-            if not evidence.persisted:
-                # One request's own chain: never rotated; the hold only marks the call's later entries.
-                if call_id is not None:
-                    if then:
-                        evidence.holds[call_id] = then
-                    else:
-                        evidence.holds.pop(call_id, None)
-                return await self._append_deferred(evidence, batch, durable)
             await self._make_room(evidence, call_id, len(batch), then=then)
             worker, epoch = self._membership.credentials()
             at = self._now()
+            session_id = evidence.session_id
             builders = [
-                _builder(evidence.session_id, evidence.agent, event, at, worker, epoch, fields)
+                _builder(session_id, evidence.agent, event, at, worker, epoch, fields)
                 for event, fields in batch
             ]
-            entries = await self._store.append_entries(
-                evidence.session_id, builders, worker=worker, epoch=epoch
+            # Reserved now; written outside the lock, so concurrent calls share one group commit.
+            # The store links each append to the head it reads in its transaction: no fork, no gap.
+            evidence.entries += len(batch)
+            evidence.writing += 1
+        try:
+            return await self._store.append_entries(
+                session_id, builders, worker=worker, epoch=epoch, step=step
             )
-            evidence.entries += len(entries)
-            return entries
+        except BaseException:
+            evidence.entries -= len(batch)
+            raise
+        finally:
+            evidence.writing -= 1
+            _settle(evidence)
+
+    async def step_alone(self, step: ExecutionStep) -> None:
+        """Make ``step`` with no entries: for a scope that records nothing (``--unsafe-no-audit``)."""
+        worker, epoch = self._membership.credentials()
+        if step.reserve_binding is not None:
+            raise ValueError("a step that reserves is written with its audit entries")
+        if step.target is ExecutionState.INVOKING:
+            await self._store.mark_invoking(step.agent, step.execution_id, worker=worker, epoch=epoch)
+        else:
+            await self._store.record_outcome(
+                step.agent, step.execution_id, step.target, worker=worker, epoch=epoch
+            )
 
     def end_call(self, evidence: EvidenceSession, call_id: str) -> None:
         """The call wrote its last entry (or never will): the slots it held are free."""
-        if evidence.holds.pop(call_id, None) is not None and not evidence.holds:
-            evidence.holds_ended.set()
+        if evidence.holds.pop(call_id, None) is not None:
+            _settle(evidence)
+
+    async def retire(
+        self, evidence: EvidenceSession, reason: CloseReason, *, wait_s: float | None
+    ) -> str | None:
+        """Close the chain with its claim, leaving the handle dormant (its next append reopens).
+
+        ``wait_s=None``: only if no call holds slots in it (a call's entries stay in one chain);
+        else ``None`` is returned and nothing changes. A number: wait up to that long for the
+        holders to finish, then close anyway (shutdown, revocation), and a late entry opens a new
+        chain. Writes in flight always finish first. Returns the id of the chain closed, or
+        ``None``. Raises ``StoreError``.
+        """
+        async with evidence.lock:
+            if evidence.closed or evidence.dormant:
+                return None
+            if wait_s is not None:
+                with anyio.move_on_after(wait_s):
+                    await self._wait_for(evidence, lambda: evidence.quiet)
+            await self._wait_for(evidence, lambda: evidence.writing == 0)
+            if evidence.closed or evidence.dormant or (wait_s is None and evidence.holds):
+                return None
+            evidence.claim = await self._close_chain(evidence, reason)
+            evidence.dormant = True
+            evidence.holds.clear()
+            return evidence.session_id
+
+    async def _wait_for(self, evidence: EvidenceSession, ready: Callable[[], bool]) -> None:
+        """Wait, with ``evidence.lock`` released, until ``ready()`` (re-checked under the lock)."""
+        while not ready():
+            if evidence.settled.is_set():
+                evidence.settled = anyio.Event()
+            settled = evidence.settled
+            evidence.lock.release()
+            try:
+                await settled.wait()
+            finally:
+                # Shielded: the caller's ``async with evidence.lock`` releases it on the way out.
+                with anyio.CancelScope(shield=True):
+                    await evidence.lock.acquire()
 
     async def _make_room(
         self, evidence: EvidenceSession, call_id: str | None, count: int, *, then: int
     ) -> None:
         """Rotate first if ``count`` entries (and ``then`` held after them) would not fit; hold them.
 
-        Called with ``evidence.lock`` held; releases it while waiting for other calls' holds.
+        Called with ``evidence.lock`` held; releases it while waiting for other calls' holds
+        and writes.
         """
         if evidence.closed:
             raise RuntimeError("evidence session is closed")
@@ -373,27 +361,22 @@ class EvidenceRecorder:
                 raise RuntimeError(f"call {call_id} wrote more entries than it held")
             if then:
                 evidence.holds[call_id] = then  # type: ignore[index]
-            elif not evidence.holds:
-                evidence.holds_ended.set()
+            else:
+                _settle(evidence)
             return
+        if evidence.dormant:
+            await self._reopen(evidence)
         while self._must_rotate(evidence, count + then):
-            if evidence.holds:
-                # Other calls hold slots in this chain: let them finish there, then rotate.
-                ended = evidence.holds_ended
-                evidence.lock.release()
-                try:
-                    await ended.wait()
-                finally:
-                    # Shielded: the caller's ``async with evidence.lock`` releases it on the way out.
-                    with anyio.CancelScope(shield=True):
-                        await evidence.lock.acquire()
+            if not evidence.quiet:
+                # Other calls hold slots in (or are writing to) this chain: let them finish there.
+                await self._wait_for(evidence, lambda: evidence.quiet)
                 if evidence.closed:
                     raise RuntimeError("evidence session is closed")
+                if evidence.dormant:
+                    await self._reopen(evidence)
                 continue
             await self._rotate(evidence)
         if then and call_id is not None:
-            if not evidence.holds:
-                evidence.holds_ended = anyio.Event()
             evidence.holds[call_id] = then
 
     def _must_rotate(self, evidence: EvidenceSession, need: int) -> bool:
@@ -408,13 +391,23 @@ class EvidenceRecorder:
     async def _rotate(self, evidence: EvidenceSession) -> None:
         previous = evidence.session_id
         await self._close_chain(evidence, CloseReason.ROTATION)
+        await self._reopen(evidence)
+        logger.info("evidence session rotated", extra={"previous": previous, "current": evidence.session_id})
+
+    async def _reopen(self, evidence: EvidenceSession) -> None:
         session_id, genesis, attestation = await self._open_chain(
             evidence.agent, evidence.genesis.policy_version
         )
         evidence.session_id, evidence.genesis, evidence.attestation = session_id, genesis, attestation
         evidence.opened_at = self._monotonic()
         evidence.entries = 2
-        logger.info("evidence session rotated", extra={"previous": previous, "current": session_id})
+        evidence.dormant = False
+        evidence.claim = None
+
+
+def _settle(evidence: EvidenceSession) -> None:
+    """A hold ended or a write finished: wake whoever waits for the chain to be quiet."""
+    evidence.settled.set()
 
 
 def _builder(

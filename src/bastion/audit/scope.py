@@ -1,4 +1,5 @@
-"""The evidence scope of one client context: a transport session, or one sessionless request.
+"""The evidence scope of one client context: a transport session, or the sessionless requests of one
+agent session at this gateway (``shared.py``).
 
 Opens its evidence session on the first entry (idle transport sessions cost
 no writes) and closes it, with its claim, when the scope ends.
@@ -15,6 +16,7 @@ from bastion.audit.chain import CloseReason
 from bastion.audit.entry import AuditEntry, AuditEvent, format_ts
 from bastion.audit.recorder import EvidenceRecorder, EvidenceSession
 from bastion.ids import AgentId
+from bastion.store.base import ExecutionStep
 
 __all__ = ["EvidenceScope"]
 
@@ -27,11 +29,7 @@ class EvidenceScope:
         *,
         policy_version: str | None,
         unsafe_disabled: bool = False,
-        deferred: bool = False,
     ) -> None:
-        # Deferred: one sessionless request's chain, sealed in memory and written in one
-        # transaction at its close (or earlier, when an append must be durable).
-        self._deferred = deferred
         self._recorder = recorder
         # Benchmarks only (``bastion serve --unsafe-no-audit``): nothing is recorded.
         self._unsafe_disabled = unsafe_disabled
@@ -40,6 +38,11 @@ class EvidenceScope:
         self._evidence: EvidenceSession | None = None
         self._opening = anyio.Lock()
         self.closed = False
+
+    @property
+    def evidence(self) -> EvidenceSession | None:
+        """The live chain behind this scope, once its first entry opened it."""
+        return self._evidence
 
     @property
     def session_id(self) -> str | None:
@@ -55,26 +58,29 @@ class EvidenceScope:
         return await self._recorder.append(self._evidence, event, **fields)
 
     async def record_many(
-        self, batch: list[tuple[AuditEvent, dict[str, Any]]], *, durable: bool = True, then: int = 0
+        self,
+        batch: list[tuple[AuditEvent, dict[str, Any]]],
+        *,
+        durable: bool = True,
+        then: int = 0,
+        step: ExecutionStep | None = None,
     ) -> list[AuditEntry]:
-        """Append several entries in order, as one durable write.
+        """Append several entries in order, as one durable write, before returning.
 
-        ``durable=False`` lets a deferred scope keep them in memory until its close, which
-        its owner makes happen before it answers; any other scope writes them now. ``then``:
+        ``durable`` is kept for callers (``call.py``) and changes nothing: every scope writes
+        now (one request's own in-memory chain is gone; see ``shared.py``). ``then``:
         how many more entries the batch's call may write; they stay in this chain
-        (``recorder.py``) until written or :meth:`end_call`.
+        (``recorder.py``) until written or :meth:`end_call`. ``step``: an execution transition
+        written in the same transaction as the entries (always now, whatever ``durable`` says).
         """
-        if self._unsafe_disabled or not batch:
+        if self._unsafe_disabled and step is not None:
+            await self._recorder.step_alone(step)
+        if self._unsafe_disabled or not (batch or step):
             return []
         async with self._opening:
             if self._evidence is None:
-                if self._deferred:
-                    self._evidence = self._recorder.prepare(self.agent, policy_version=self._policy_version)
-                else:
-                    self._evidence = await self._recorder.open(
-                        self.agent, policy_version=self._policy_version
-                    )
-        return await self._recorder.append_many(self._evidence, batch, durable=durable, then=then)
+                self._evidence = await self._recorder.open(self.agent, policy_version=self._policy_version)
+        return await self._recorder.append_many(self._evidence, batch, then=then, step=step)
 
     def end_call(self, call_id: str) -> None:
         """The call has written everything it will: the chain slots it held are free."""

@@ -41,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
         help="entries per evidence session, genesis and close included (at least 6)",
     )
     serve.add_argument("--evidence-max-age-s", type=float, default=3600.0, help="... or at this age")
+    serve.add_argument(
+        "--sessionless-evidence-max-age-s",
+        type=float,
+        default=60.0,
+        help="age bound of the evidence session sessionless requests share (its claim comes this soon)",
+    )
 
     check = sub.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("config", type=Path)
@@ -127,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat_s=args.heartbeat_s,
             evidence_max_entries=args.evidence_max_entries,
             evidence_max_age_s=args.evidence_max_age_s,
+            sessionless_evidence_max_age_s=args.sessionless_evidence_max_age_s,
             store=args.store,
         )
     if args.command == "check-config":

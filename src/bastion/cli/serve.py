@@ -56,12 +56,18 @@ def run_serve(
     heartbeat_s: float = 2.0,
     evidence_max_entries: int = 10_000,
     evidence_max_age_s: float = 3600.0,
+    sessionless_evidence_max_age_s: float = 60.0,
     store: str | None = None,
 ) -> int:
-    if not 0 < heartbeat_s < lease_s or evidence_max_entries < MIN_MAX_ENTRIES or evidence_max_age_s <= 0:
+    if (
+        not 0 < heartbeat_s < lease_s
+        or evidence_max_entries < MIN_MAX_ENTRIES
+        or evidence_max_age_s <= 0
+        or sessionless_evidence_max_age_s <= 0
+    ):
         print(
             f"bastion: need 0 < --heartbeat-s < --lease-s, --evidence-max-entries >= {MIN_MAX_ENTRIES}"
-            " and a positive --evidence-max-age-s",
+            " and positive --evidence-max-age-s and --sessionless-evidence-max-age-s",
             file=sys.stderr,
         )
         return 2
@@ -106,6 +112,7 @@ def run_serve(
             heartbeat_s=heartbeat_s,
             evidence_max_entries=evidence_max_entries,
             evidence_max_age_s=evidence_max_age_s,
+            sessionless_evidence_max_age_s=sessionless_evidence_max_age_s,
         )
         anyio.run(
             _serve, snapshot, host, port, options, token_note, outcome, backend_options={"use_uvloop": True}

@@ -2,7 +2,8 @@
 
 Serves both protocol eras over stdio (the SDK's loop picks the era from the
 first message): the shared tools of ``common_tools.py`` plus ``add_note``,
-``list_notes`` and ``roots``. Notes are kept as JSON lines in the file named by
+``list_notes`` and ``roots``, and the notes as resources and prompts with completion
+(``notes_surface.py``). Notes are kept as JSON lines in the file named by
 ``BASTION_NOTES_FILE``; the counter in the file named by
 ``BASTION_COUNTER_FILE``. Both default to per-user files in the temp directory.
 
@@ -22,6 +23,7 @@ from mcp_types import ListRootsResult, ToolAnnotations
 
 from bastion.examples.common_tools import READ_ONLY, add_common_tools
 from bastion.examples.counter import FileCounter, default_path
+from bastion.examples.notes_surface import add_notes_surface
 
 __all__ = ["NOTES_FILE_ENV", "NoteFile", "build_server", "main"]
 
@@ -102,6 +104,7 @@ def build_server(notes: NoteFile, counter: FileCounter) -> MCPServer[Any]:
         await ctx.session.send_tool_list_changed()
         return f"registered {name}"
 
+    add_notes_surface(server, notes)
     return server
 
 

@@ -38,6 +38,8 @@ RESOURCES_LIST_CHANGED = "resourcesListChanged"  # issue 9
 # Filter keys this gateway delivers; others are left out of the acknowledgment, as the spec asks.
 HONORED_KINDS: frozenset[str] = frozenset({TOOLS_LIST_CHANGED, PROMPTS_LIST_CHANGED, RESOURCES_LIST_CHANGED})
 _BUFFERED_EVENTS = 64
+# One queued notification: its method and its params (``_meta`` is added when it is written).
+Notification = tuple[str, dict[str, Any]]
 
 
 def honored_filter(requested: dict[str, Any]) -> dict[str, Any]:
@@ -51,15 +53,18 @@ class ListenStream:
 
     principal: Principal
     kinds: frozenset[str]
-    _send: MemoryObjectSendStream[str] = field(repr=False)
-    events: MemoryObjectReceiveStream[str] = field(repr=False)
+    _send: MemoryObjectSendStream[Notification] = field(repr=False)
+    events: MemoryObjectReceiveStream[Notification] = field(repr=False)
 
     def offer(self, kind: str, method: str) -> None:
         """Queue ``method`` if this stream asked for ``kind``; a full buffer ends the stream."""
-        if kind not in self.kinds:
-            return
+        if kind in self.kinds:
+            self.deliver(method, {})
+
+    def deliver(self, method: str, params: dict[str, Any]) -> None:
+        """Queue one notification the caller already decided this stream gets; a full buffer ends it."""
         try:
-            self._send.send_nowait(method)
+            self._send.send_nowait((method, params))
         except anyio.WouldBlock:
             self.end()  # the reader sees the end; the client re-listens and refetches
         except anyio.ClosedResourceError:
@@ -83,7 +88,7 @@ class ListenerHub:
     @contextlib.contextmanager
     def open(self, principal: Principal, kinds: frozenset[str]) -> Iterator[ListenStream]:
         """Register a stream for the life of one listen request; it is gone when the request ends."""
-        send, receive = anyio.create_memory_object_stream[str](self._buffered_events)
+        send, receive = anyio.create_memory_object_stream[Notification](self._buffered_events)
         stream = ListenStream(principal, kinds, send, receive)
         self._streams.add(stream)
         try:

@@ -21,7 +21,7 @@ __all__ = ["surface_capabilities"]
 def surface_capabilities(fleet: UpstreamFleet, snapshot: Snapshot, principal: Principal) -> dict[str, Any]:
     """``resources``, ``prompts`` and ``completions`` entries for this principal's capabilities."""
     reachable: set[SurfaceKind] = set()
-    completions = False
+    completions = subscribe = False
     for server, upstream in fleet.upstreams.items():
         here = {
             kind
@@ -30,10 +30,11 @@ def surface_capabilities(fleet: UpstreamFleet, snapshot: Snapshot, principal: Pr
             and surface_reachable(snapshot, principal, kind, server, upstream.namespace)
         }
         reachable |= here
+        subscribe = subscribe or (SurfaceKind.RESOURCE in here and fleet.offers_subscribe(server))
         completions = completions or (bool(here) and fleet.offers(server, "completions"))
     offered: dict[str, Any] = {}
     if SurfaceKind.RESOURCE in reachable:
-        offered["resources"] = {"listChanged": True}
+        offered["resources"] = {"listChanged": True, **({"subscribe": True} if subscribe else {})}
     if SurfaceKind.PROMPT in reachable:
         offered["prompts"] = {"listChanged": True}
     if completions:

@@ -14,12 +14,11 @@ from typing import Any
 
 from bastion.call import strip_reserved_meta
 from bastion.caller import Caller
-from bastion.errors import GrantDenied, InvalidParams, UnknownResource
-from bastion.policy.decide import SurfaceKind, decide_surface
+from bastion.errors import InvalidParams
 from bastion.policy.snapshot import Snapshot
+from bastion.surface.limits import SurfaceLimits
 from bastion.surface.prompts import PromptPath
-from bastion.surface.relay import AccessRecord, send_recorded, server_of_uri, upstream_context
-from bastion.surface.uris import resolve_uri
+from bastion.surface.relay import AccessRecord, decide_resource, send_recorded, upstream_context
 from bastion.upstream.fleet import UpstreamFleet
 
 __all__ = ["CompletionPath"]
@@ -28,10 +27,17 @@ __all__ = ["CompletionPath"]
 class CompletionPath:
     """Completes one argument of a prompt or a resource template for one caller."""
 
-    def __init__(self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot], prompts: PromptPath) -> None:
+    def __init__(
+        self,
+        fleet: UpstreamFleet,
+        snapshot: Callable[[], Snapshot],
+        prompts: PromptPath,
+        limits: SurfaceLimits | None = None,
+    ) -> None:
         self._fleet = fleet
         self._snapshot = snapshot
         self._prompts = prompts
+        self._limits = limits
 
     async def complete(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         """Raises ``InvalidParams`` (malformed ref), ``UnknownPrompt``/``UnknownResource`` (audited),
@@ -40,7 +46,7 @@ class CompletionPath:
         ref = params.get("ref")
         if not isinstance(ref, dict) or ref.get("type") not in ("ref/prompt", "ref/resource"):
             raise InvalidParams("Invalid params: completion/complete needs a ref/prompt or ref/resource ref")
-        record = AccessRecord(caller, "completion/complete", params, snapshot.version)
+        record = AccessRecord(caller, "completion/complete", params, snapshot)
         # (4) Route the reference and decide it; hidden is answered as unknown.
         if ref["type"] == "ref/prompt":
             name = ref.get("name")
@@ -52,22 +58,7 @@ class CompletionPath:
             uri = ref.get("uri")
             if not isinstance(uri, str):
                 raise InvalidParams("Invalid params: a ref/resource needs a string uri")
-            target = resolve_uri(uri)
-            found = server_of_uri(self._fleet, target)
-            unknown = UnknownResource(f"Resource not found: {uri}", uri=uri)
-            if target is None or found is None:
-                await record.refused(unknown)
-                raise unknown
-            server = found
-            record.target(server, target.uri)
-            namespace = self._fleet.upstreams[server].namespace
-            try:
-                decide_surface(
-                    snapshot, caller.principal, SurfaceKind.RESOURCE, server, namespace, target.uri
-                )
-            except GrantDenied as exc:
-                await record.refused(exc)
-                raise unknown from None
+            server, target = await decide_resource(self._fleet, snapshot, caller, uri, record, self._limits)
             upstream_ref = {**ref, "uri": target.uri}
         # (7) Invoke on the caller's own upstream session; (8) the entry, then the answer.
         request = {**strip_reserved_meta(params), "ref": upstream_ref}

@@ -8,18 +8,38 @@ the result, never their contents (DESIGN section 4).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bastion.audit.entry import AuditEvent, Decision, digest_json
 from bastion.caller import Caller
-from bastion.errors import BastionError, NotDurable, StaleEpoch, StoreError, UpstreamError
+from bastion.errors import (
+    BastionError,
+    GrantDenied,
+    NotDurable,
+    RateLimited,
+    StaleEpoch,
+    StoreError,
+    UnknownResource,
+    UpstreamError,
+)
 from bastion.ids import new_call_id
+from bastion.policy.decide import GrantDecision, SurfaceKind, decide_surface
 from bastion.policy.snapshot import Snapshot
-from bastion.surface.uris import UriTarget
+from bastion.surface.limits import SurfaceLimits
+from bastion.surface.uris import UriTarget, resolve_uri
 from bastion.upstream.base import CallContext, Upstream, UpstreamReplied
 from bastion.upstream.fleet import UpstreamFleet
+from bastion.wire_value import wire_problem
 
-__all__ = ["AccessRecord", "send_recorded", "server_of_uri", "upstream_context"]
+__all__ = [
+    "AccessRecord",
+    "decide_resource",
+    "run_recorded",
+    "send_recorded",
+    "server_of_uri",
+    "upstream_context",
+]
 
 
 def upstream_context(caller: Caller, snapshot: Snapshot, server: str) -> CallContext:
@@ -38,8 +58,11 @@ def upstream_context(caller: Caller, snapshot: Snapshot, server: str) -> CallCon
 class AccessRecord:
     """The audit entry of one read, get or completion: written once, before the answer."""
 
-    def __init__(self, caller: Caller, method: str, params: dict[str, Any], policy_version: str) -> None:
+    def __init__(self, caller: Caller, method: str, params: dict[str, Any], snapshot: Snapshot) -> None:
         self._caller = caller
+        self._snapshot = snapshot
+        self._params = {k: v for k, v in params.items() if k != "_meta"}
+        self._contents = False  # the server's audit_contents opt-in, known once the target is
         self.call_id = new_call_id()
         self._fields: dict[str, Any] = {
             "call_id": self.call_id,
@@ -47,16 +70,34 @@ class AccessRecord:
             "execution_id": None,
             "server": None,
             "tool": None,
-            "args_digest": digest_json({k: v for k, v in params.items() if k != "_meta"}),
+            "args_digest": digest_json(self._params),
             "binding": None,
-            "policy_version": policy_version,
+            "policy_version": snapshot.version,
         }
-        self._method = method
+        self.method = method
 
     def target(self, server: str, name: str) -> None:
         """What the request is about: the server and the upstream URI, template or prompt name."""
         self._fields["server"] = server
         self._fields["tool"] = name
+        spec = self._snapshot.servers.get(server)
+        self._contents = spec is not None and spec.audit_contents
+
+    async def charge(self, limits: SurfaceLimits | None, decision: GrantDecision) -> None:
+        """Take the decision's rate-limit tokens, keyed by this method.
+
+        Raises:
+            RateLimited: a bucket is empty (audited as this request's refusal).
+        """
+        if limits is None:
+            return
+        try:
+            await limits.take(
+                decision, str(self._caller.principal.agent), self._fields["server"], self.method
+            )
+        except RateLimited as exc:
+            await self.refused(exc)
+            raise
 
     async def refused(self, exc: BastionError) -> None:
         await self._write(AuditEvent.REFUSED, decision=Decision.DENY.value, reason=exc.reason.value)
@@ -69,13 +110,24 @@ class AccessRecord:
             AuditEvent.COMPLETED,
             decision=Decision.ALLOW.value,
             outcome="completed",
-            result_digest=digest_json(result),
+            result=result,
         )
 
-    async def _write(self, event: AuditEvent, *, result_digest: str | None = None, **extra: Any) -> None:
-        detail: dict[str, Any] = {"method": self._method}
-        if result_digest is not None:
-            detail["result_digest"] = result_digest
+    async def _write(self, event: AuditEvent, *, result: dict[str, Any] | None = None, **extra: Any) -> None:
+        detail: dict[str, Any] = {"method": self.method}
+        if result is not None:
+            detail["result_digest"] = digest_json(result)
+        if self._contents:
+            # The server opted in (``audit_contents``): the request and the answer themselves, where
+            # they have a canonical form; otherwise the digests stand alone and the entry says why.
+            for key, value in (("params", self._params), ("result", result)):
+                if value is None:
+                    continue
+                problem = wire_problem(value)
+                if problem is None:
+                    detail[key] = value
+                else:
+                    detail[f"{key}_left_out"] = problem
         scope = self._caller.evidence
         try:
             await scope.record_many([(event, {**self._fields, **extra, "detail": detail})], durable=False)
@@ -99,6 +151,41 @@ def server_of_uri(fleet: UpstreamFleet, target: UriTarget | None) -> str | None:
     return server if server is not None and fleet.offers(server, "resources") else None
 
 
+async def decide_resource(
+    fleet: UpstreamFleet,
+    snapshot: Snapshot,
+    caller: Caller,
+    uri: str,
+    record: AccessRecord,
+    limits: SurfaceLimits | None = None,
+) -> tuple[str, UriTarget]:
+    """(4) The server and upstream URI that ``uri`` routes to, decided for ``caller`` against ``snapshot``,
+    and the allowing grants' rate-limit tokens taken.
+
+    Raises:
+        UnknownResource: no server serves it, or grants hide it; answered alike, audited with the
+            real reason (``grant_denied`` for a hidden one).
+        RateLimited: an allowing grant's rate limit is spent (audited).
+    """
+    target = resolve_uri(uri)
+    server = server_of_uri(fleet, target)
+    unknown = UnknownResource(f"Resource not found: {uri}", uri=uri)
+    if target is None or server is None:
+        await record.refused(unknown)
+        raise unknown
+    record.target(server, target.uri)
+    namespace = fleet.upstreams[server].namespace
+    try:
+        decision = decide_surface(
+            snapshot, caller.principal, SurfaceKind.RESOURCE, server, namespace, target.uri
+        )
+    except GrantDenied as exc:
+        await record.refused(exc)
+        raise unknown from None
+    await record.charge(limits, decision)
+    return server, target
+
+
 async def send_recorded(
     record: AccessRecord, upstream: Upstream, method: str, request: dict[str, Any], ctx: CallContext
 ) -> dict[str, Any]:
@@ -108,8 +195,18 @@ async def send_recorded(
         UpstreamReplied: relayed verbatim (recorded ``failed``).
         UpstreamError: the upstream failed (recorded ``failed``).
     """
+    return await run_recorded(record, lambda: upstream.call(method, request, ctx))
+
+
+async def run_recorded(record: AccessRecord, send: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """(7) Run ``send``, and (8) write the entry before the answer, whichever way it ends.
+
+    Raises:
+        UpstreamReplied: relayed verbatim (recorded ``failed``).
+        UpstreamError: the upstream failed (recorded ``failed``).
+    """
     try:
-        result = await upstream.call(method, request, ctx)
+        result = await send()
     except UpstreamReplied:
         await record.failed("upstream_error")
         raise

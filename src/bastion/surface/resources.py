@@ -20,12 +20,13 @@ from typing import Any
 
 from bastion.call import strip_reserved_meta
 from bastion.caller import Caller
-from bastion.errors import GrantDenied, InvalidParams, UnknownResource, UpstreamError
-from bastion.policy.decide import SurfaceKind, decide_surface, surface_visible
+from bastion.errors import InvalidParams, UpstreamError
+from bastion.policy.decide import SurfaceKind, surface_visible
 from bastion.policy.snapshot import Snapshot
+from bastion.surface.limits import SurfaceLimits
 from bastion.surface.pages import decode_cursor, encode_cursor
-from bastion.surface.relay import AccessRecord, send_recorded, server_of_uri, upstream_context
-from bastion.surface.uris import expose_uri, resolve_uri
+from bastion.surface.relay import AccessRecord, decide_resource, send_recorded, upstream_context
+from bastion.surface.uris import expose_uri
 from bastion.upstream.base import UpstreamReplied
 from bastion.upstream.fleet import UpstreamFleet
 
@@ -43,9 +44,12 @@ _LISTS = {
 class ResourcePath:
     """Lists and reads resources for one caller against the snapshot in force."""
 
-    def __init__(self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(
+        self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot], limits: SurfaceLimits | None = None
+    ) -> None:
         self._fleet = fleet
         self._snapshot = snapshot
+        self._limits = limits
 
     def servers(self) -> list[str]:
         """The servers that offer resources, in configuration order."""
@@ -106,23 +110,10 @@ class ResourcePath:
         uri = params.get("uri")
         if not isinstance(uri, str):
             raise InvalidParams("Invalid params: resources/read needs a string uri")
-        record = AccessRecord(caller, "resources/read", params, snapshot.version)
-        target = resolve_uri(uri)
-        server = server_of_uri(self._fleet, target)
-        if target is None or server is None:
-            unknown = UnknownResource(f"Resource not found: {uri}", uri=uri)
-            await record.refused(unknown)
-            raise unknown
-        upstream = self._fleet.upstreams[server]
-        record.target(server, target.uri)
+        record = AccessRecord(caller, "resources/read", params, snapshot)
         # (4) Grant decision: hidden is answered as unknown; the audit keeps grant_denied.
-        try:
-            decide_surface(
-                snapshot, caller.principal, SurfaceKind.RESOURCE, server, upstream.namespace, target.uri
-            )
-        except GrantDenied as exc:
-            await record.refused(exc)
-            raise UnknownResource(f"Resource not found: {uri}", uri=uri) from None
+        server, target = await decide_resource(self._fleet, snapshot, caller, uri, record, self._limits)
+        upstream = self._fleet.upstreams[server]
         # (7) Invoke on the caller's own upstream session; (8) the entry, then the answer, whose
         #     contents name their URIs as the caller knows them.
         request = {**strip_reserved_meta(params), "uri": target.uri}

@@ -46,6 +46,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--kill-execution-id", help="only this execution id triggers the kill")
     parser.add_argument("--lease-s", type=float, default=1.0)
     parser.add_argument("--heartbeat-s", type=float, default=None, help="default: lease / 3")
+    parser.add_argument("--sessionless-evidence-max-age-s", type=float, default=60.0)
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     if args.kill_after is not None:
@@ -67,7 +68,11 @@ def _options(args: argparse.Namespace) -> RuntimeOptions:
 
     heartbeat_s = args.heartbeat_s if args.heartbeat_s is not None else args.lease_s / 3
     return RuntimeOptions(
-        data_dir=args.data_dir, lease_s=args.lease_s, heartbeat_s=heartbeat_s, store_factory=factory
+        data_dir=args.data_dir,
+        lease_s=args.lease_s,
+        heartbeat_s=heartbeat_s,
+        store_factory=factory,
+        sessionless_evidence_max_age_s=args.sessionless_evidence_max_age_s,
     )
 
 

@@ -10,7 +10,11 @@ In the session era an SSE answer is also an :class:`~bastion.session.replay.Even
 of its session: each event is numbered and kept, so a client that loses the
 connection resumes it with a GET and ``Last-Event-ID`` (``transport/resume.py``).
 From the moment such a GET takes the stream over, this channel writes nothing
-more; the rest of the answer goes to the GET.
+more; the rest of the answer goes to the GET. Such a stream opens with a priming
+event (``transport/sse_out.py``). When the upstream serving the request ends its own
+stream mid-call to be polled (SEP-1699), :meth:`ResponseChannel.pause` does the same
+here: the client's POST response ends after the priming event, and the rest of the
+answer waits in the stream for the client's GET with ``Last-Event-ID``.
 """
 
 from __future__ import annotations
@@ -23,19 +27,9 @@ from starlette.types import Send
 
 from bastion.session.replay import EventStream
 from bastion.transport.jsonrpc import dumps
+from bastion.transport.sse_out import SSE_HEADERS, priming_frame, sse_frame
 
-__all__ = ["ResponseChannel", "sse_frame"]
-
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache, no-transform"),
-    (b"x-accel-buffering", b"no"),
-]
-
-
-def sse_frame(payload: bytes, event_id: str | None = None) -> bytes:
-    head = b"" if event_id is None else b"id: " + event_id.encode() + b"\n"
-    return head + b"event: message\ndata: " + payload + b"\n\n"
+__all__ = ["ResponseChannel"]
 
 
 class ResponseChannel:
@@ -48,6 +42,7 @@ class ResponseChannel:
         sse_allowed: bool,
         headers: Mapping[str, str] | None = None,
         open_stream: Callable[[], EventStream] | None = None,
+        priming: bool = False,
     ) -> None:
         self._send = send
         self.sse_allowed = sse_allowed
@@ -58,15 +53,20 @@ class ResponseChannel:
         self.broken = False
         # Session era: where SSE events are numbered and kept for resumption (None: no ids).
         self._open_stream = open_stream
+        # The session negotiated 2025-11-25 or later: its streams prime, and may be paused.
+        self._priming = priming and open_stream is not None
         self._stream: EventStream | None = None
         self._reader = 0
+        # The POST response ended mid-call (the upstream's polling close, mirrored): events are
+        # only kept for the client's GET from then on.
+        self._detached = False
 
     def _frame(self, payload: bytes) -> bytes | None:
         """Number and keep ``payload`` (session era); the frame to write here, or None if taken over."""
         if self._stream is None:
             return sse_frame(payload)
         number = self._stream.publish(payload)
-        if not self._stream.is_current(self._reader):
+        if self._detached or not self._stream.is_current(self._reader):
             return None  # a GET with Last-Event-ID resumed this stream: it writes from now on
         return sse_frame(payload, self._stream.event_id(number))
 
@@ -79,13 +79,7 @@ class ResponseChannel:
                 return False
             try:
                 if not self.committed_sse:
-                    await self._send(
-                        {"type": "http.response.start", "status": 200, "headers": self._sse_headers()}
-                    )
-                    self.committed_sse = True
-                    if self._open_stream is not None:
-                        self._stream = self._open_stream()
-                        self._reader = self._stream.attach()
+                    await self._commit_sse(None)
                 frame = self._frame(dumps(message))
                 if frame is not None:
                     await self._send({"type": "http.response.body", "body": frame, "more_body": True})
@@ -106,7 +100,10 @@ class ResponseChannel:
                     frame = self._frame(body)
                     if self._stream is not None:
                         self._stream.finish()
-                    await self._send({"type": "http.response.body", "body": frame or b"", "more_body": False})
+                    if not self._detached:
+                        await self._send(
+                            {"type": "http.response.body", "body": frame or b"", "more_body": False}
+                        )
                     return
                 headers = [
                     (b"content-type", b"application/json"),
@@ -127,6 +124,8 @@ class ResponseChannel:
             self.finished = True
             if self._stream is not None:
                 self._stream.finish()  # a resumed GET ends too: no answer follows a cancellation
+            if self._detached:
+                return
             try:
                 if not self.committed_sse:
                     # Nothing was sent yet: an empty event stream ends the exchange without a
@@ -138,5 +137,37 @@ class ResponseChannel:
             except OSError:
                 self.broken = True
 
+    async def pause(self, retry_ms: int | None) -> None:
+        """End the POST response mid-call, as the upstream ended its stream to be polled (SEP-1699).
+
+        Sessions of 2025-11-25 or later only (events need ids, and the client must know polling):
+        the stream's priming event tells the
+        client where to resume and when; everything after it, the answer included, goes to the
+        client's GET with ``Last-Event-ID``. Elsewhere the answer simply stays on this response.
+        """
+        if not self.sse_allowed or not self._priming or self.finished or self.broken:
+            return
+        async with self._lock:
+            if self.finished or self._detached:
+                return
+            try:
+                if not self.committed_sse:
+                    await self._commit_sse(retry_ms)
+                self._detached = True
+                await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            except OSError:
+                self.broken = True
+
+    async def _commit_sse(self, retry_ms: int | None) -> None:
+        """Start the SSE response; in the session era, open its event stream with a priming event."""
+        await self._send({"type": "http.response.start", "status": 200, "headers": self._sse_headers()})
+        self.committed_sse = True
+        if self._open_stream is not None:
+            self._stream = self._open_stream()
+            self._reader = self._stream.attach()
+            if self._priming:
+                priming = priming_frame(self._stream.event_id(self._stream.last_number()), retry_ms)
+                await self._send({"type": "http.response.body", "body": priming, "more_body": True})
+
     def _sse_headers(self) -> list[tuple[bytes, bytes]]:
-        return _SSE_HEADERS + self._headers
+        return SSE_HEADERS + self._headers

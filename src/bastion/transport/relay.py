@@ -38,6 +38,9 @@ class StreamRelay:
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         await self._channel.message({"jsonrpc": "2.0", "method": method, "params": params})
 
+    async def pause(self, retry_ms: int | None) -> None:
+        await self._channel.pause(retry_ms)
+
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         transport_session = self._transport_session
         capability = _CAPABILITY_FOR.get(method)

@@ -24,7 +24,6 @@ This module renders errors; it never decides policy.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -74,6 +73,7 @@ from bastion.transport.jsonrpc import (
 from bastion.transport.rebinding import check_host_and_origin
 from bastion.transport.relay import StreamRelay
 from bastion.transport.resume import serve_event_stream
+from bastion.transport.sse_out import primes
 from bastion.transport.wire import accepted, meta_of, read_body, reject, watch_disconnect
 from bastion.upstream.base import UpstreamReplied
 from bastion.versions import (
@@ -115,7 +115,7 @@ class FrontDoor:
         router: MethodRouter,
         close_session: SessionClosed,
         evidence_for: Callable[[AgentId], EvidenceScope],
-        request_evidence_for: Callable[[AgentId], EvidenceScope],
+        request_evidence_for: Callable[[Principal], EvidenceScope],
         end_request_evidence: Callable[[EvidenceScope], Awaitable[None]],
         audit_isolation: Callable[[AgentId, str, str], Awaitable[None]],
         serving: Callable[[], None],
@@ -307,8 +307,8 @@ class FrontDoor:
             await reject(send, error, message.id, status=ERROR_CODE_HTTP_STATUS.get(code, 400))
             return
         capabilities = getattr(verdict, "client_capabilities", None)
-        # One evidence session per sessionless request, closed (claim issued) when the request ends.
-        evidence = self._request_evidence_for(principal.agent)
+        # The evidence session this agent session's sessionless requests share (``audit/shared.py``).
+        evidence = self._request_evidence_for(principal)
         caller = Caller(
             agent=principal.agent,
             principal=principal,
@@ -322,19 +322,9 @@ class FrontDoor:
             ),
         )
         try:
-            # The request's evidence session closes, its claim issued, before the answer goes out:
-            # the receipt a client gets always names a claim it can fetch at once.
-            await self._answer(
-                receive,
-                send,
-                caller,
-                message,
-                sse_allowed,
-                cancel_on_disconnect=True,
-                before_finish=lambda: self._end_request_evidence(evidence),
-            )
+            # Its entries are durable before its answer; the claim follows when the chain closes.
+            await self._answer(receive, send, caller, message, sse_allowed, cancel_on_disconnect=True)
         finally:
-            # A safety net for cancelled requests; the normal path closed it before answering.
             with anyio.CancelScope(shield=True), contextlib.suppress(BastionError):
                 await self._end_request_evidence(evidence)
 
@@ -355,8 +345,9 @@ class FrontDoor:
             send,
             sse_allowed=sse_allowed,
             open_stream=None if transport_session is None else transport_session.streams.open_response_stream,
+            priming=transport_session is not None and primes(transport_session.protocol_version),
         )
-        caller = dataclasses.replace(caller, relay=StreamRelay(channel, transport_session))
+        caller = caller.with_relay(StreamRelay(channel, transport_session))
         sessionless = transport_session is None
         in_flight: InFlightCall | None = None
         with anyio.CancelScope() as call_scope:

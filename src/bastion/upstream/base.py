@@ -27,11 +27,13 @@ from typing import Any, Protocol
 import anyio.abc
 
 __all__ = [
+    "RESOURCE_UPDATED",
     "SURFACE_LIST_CHANGED",
     "CallContext",
     "CallRelay",
     "ClientDeclined",
     "ListChangedCallback",
+    "ResourceUpdatedCallback",
     "Upstream",
     "UpstreamEra",
     "UpstreamHealth",
@@ -71,12 +73,19 @@ class CallRelay(Protocol):
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Ask the calling client; returns its result or raises :class:`ClientDeclined`."""
 
+    async def pause(self, retry_ms: int | None) -> None:
+        """The upstream ended the call's stream to be polled (SEP-1699); the client's may end likewise."""
+
 
 ListChangedCallback = Callable[[str], Coroutine[Any, Any, None]]
 # An upstream's prompts or resources changed (issue 9): the fleet refreshes and clients are told.
 SURFACE_LIST_CHANGED = frozenset(
     {"notifications/prompts/list_changed", "notifications/resources/list_changed"}
 )
+# A subscribed resource changed (issue 9): ``(server, upstream URI, upstream session or None)``,
+# where a session names the client's own upstream session it came on and None a shared subscription.
+RESOURCE_UPDATED = "notifications/resources/updated"
+ResourceUpdatedCallback = Callable[[str, str, Any], None]
 
 
 class UpstreamSessions:
@@ -176,6 +185,19 @@ class Upstream(Protocol):
 
     async def notify_session(self, upstream_session: Any, method: str) -> None:
         """Pass a client's notification (``notifications/roots/list_changed``) to its own upstream session."""
+
+    # Resource subscriptions (issue 9). Updates are reported through ``on_resource_updated``.
+    on_resource_updated: ResourceUpdatedCallback | None
+
+    def shares_resource_feed(self, ctx: CallContext) -> bool:
+        """True when a subscription made for ``ctx`` serves every client of this upstream (counted by the
+        gateway); False when it lives on the client's own upstream session."""
+
+    async def subscribe_resource(self, uri: str, ctx: CallContext) -> None:
+        """Subscribe to ``uri`` upstream; raises as :meth:`call` does."""
+
+    async def unsubscribe_resource(self, uri: str, ctx: CallContext) -> None:
+        """End the subscription to ``uri`` upstream; raises as :meth:`call` does."""
 
     def health(self) -> UpstreamHealth:
         """Current connection facts, for ``/readyz``."""

@@ -142,6 +142,12 @@ class UpstreamFleet:
         capabilities = getattr(self.upstreams[server], "server_capabilities", None)
         return isinstance(capabilities, dict) and capability in capabilities
 
+    def offers_subscribe(self, server: str) -> bool:
+        """Whether ``server`` declared ``resources.subscribe`` (issue 9)."""
+        capabilities = getattr(self.upstreams[server], "server_capabilities", None)
+        resources = capabilities.get("resources") if isinstance(capabilities, dict) else None
+        return isinstance(resources, dict) and resources.get("subscribe") is True
+
     def server_of_namespace(self, namespace: str) -> str | None:
         for name, upstream in self.upstreams.items():
             if upstream.namespace == namespace:

@@ -49,6 +49,8 @@ PARK_TTL_S = 120.0
 STATE_PREFIX = "bastion-rs."
 MAX_ROUNDS = 10
 _INPUT_METHODS = frozenset({"sampling/createMessage", "elicitation/create", "roots/list"})
+# The requests whose 2026-07-28 result may be ``input_required`` (SEP-2322).
+_ROUND_METHODS = frozenset({"tools/call", "prompts/get", "resources/read"})
 
 
 @dataclass(eq=False)
@@ -86,6 +88,9 @@ class InputRound(CallRelay):
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         if self.client is not None:
             await self.client.notify(method, params)
+
+    async def pause(self, retry_ms: int | None) -> None:
+        """Nothing to mirror: a sessionless client's request has no stream to resume."""
 
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if method not in _INPUT_METHODS:
@@ -205,8 +210,12 @@ class ParkedRounds:
 
 
 def asks_in_rounds(method: str, ctx: CallContext) -> bool:
-    """True for a sessionless client's ``tools/call`` on a path whose upstream may ask mid-call."""
-    return ctx.upstream_sessions is None and ctx.relay is not None and method == "tools/call"
+    """True for a sessionless client's request on a path whose upstream may ask mid-call.
+
+    Only requests whose result may be ``input_required`` on the client's wire: ``tools/call``,
+    ``prompts/get`` and ``resources/read``.
+    """
+    return ctx.upstream_sessions is None and ctx.relay is not None and method in _ROUND_METHODS
 
 
 async def round_trip(

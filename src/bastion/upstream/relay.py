@@ -85,6 +85,11 @@ class RequestRelay:
             return
         logger.debug("dropped upstream notification %s inside a request stream", method)
 
+    async def on_pause(self, retry_ms: int | None) -> None:
+        """The upstream ended this request's stream mid-call to be polled: tell the client's relay."""
+        if self.relay is not None:
+            await self.relay.pause(retry_ms)
+
     async def on_request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Relay a server-to-client request; raises :class:`ClientDeclined` when it cannot be answered."""
         if self.relay is None:

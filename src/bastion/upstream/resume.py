@@ -14,7 +14,10 @@ Rules:
 2. wait the upstream's ``retry:`` hint (bounded) before reconnecting;
 3. give up after ``max_quiet`` reconnections in a row that brought no event, or when the
    upstream refuses the GET: the stream simply ends, and the caller's "closed without a
-   result" (``outcome_unknown``) stands, as without resumption.
+   result" (``outcome_unknown``) stands, as without resumption;
+4. a stream that *ended* (not broke) before the answer is the upstream's polling close
+   (SEP-1699): ``on_pause`` hears of it, with the retry hint, before the reconnection, so
+   the gateway can let its own client go the same way (``transport/channel.py``).
 
 Never resends the request itself: a resumed stream can only replay, never act twice.
 """
@@ -22,7 +25,7 @@ Never resends the request itself: a resumed stream can only replay, never act tw
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -41,7 +44,11 @@ _MAX_RETRY_S = 5.0
 
 
 async def messages_resuming(
-    response: httpx.Response, reconnect: Reconnect | None, *, max_quiet: int = 3
+    response: httpx.Response,
+    reconnect: Reconnect | None,
+    *,
+    max_quiet: int = 3,
+    on_pause: Callable[[int | None], Awaitable[None]] | None = None,
 ) -> AsyncGenerator[dict[str, Any], None]:
     """The messages of ``response``, then of each resumed stream, until one ends for good.
 
@@ -55,15 +62,19 @@ async def messages_resuming(
         source = response
         while True:
             seen = cursor.events
+            ended = False
             try:
                 async for message in iter_sse_messages(source.aiter_bytes(), cursor):
                     yield message
+                ended = True
             except (httpx.TransportError, httpx.StreamError):
                 # (1) A broken stream is resumable only under the same conditions as an ended one.
                 if reconnect is None or not cursor.last_event_id:
                     raise
             if reconnect is None or not cursor.last_event_id:
                 return
+            if ended and on_pause is not None:
+                await on_pause(cursor.retry_ms)  # (4)
             # (3) Reconnections that bring nothing are bounded.
             quiet = 0 if cursor.events > seen else quiet + 1
             if quiet > max_quiet:

@@ -33,13 +33,21 @@ from anyio.streams.text import TextReceiveStream
 
 from bastion import __version__
 from bastion.children import guarded_command
-from bastion.errors import OutcomeUnknown, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from bastion.errors import (
+    OutcomeUnknown,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from bastion.policy.snapshot import ServerSpec
 from bastion.upstream.base import (
+    RESOURCE_UPDATED,
     SURFACE_LIST_CHANGED,
     CallContext,
     ClientDeclined,
     ListChangedCallback,
+    ResourceUpdatedCallback,
     UpstreamEra,
     UpstreamHealth,
     UpstreamReplied,
@@ -90,6 +98,10 @@ class StdioUpstream:
         self.server_capabilities: dict[str, Any] = {}
         # Set by the fleet: prompts/resources list_changed from this upstream (issue 9).
         self.on_surface_changed: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
+        # Set by the gateway (surface/subscriptions.py): resources/updated from this process.
+        self.on_resource_updated: ResourceUpdatedCallback | None = None
+        # URIs subscribed on this process (counted by the gateway): made again after a restart.
+        self._resource_subscriptions: set[str] = set()
         self._backoff = restart_backoff_s
         self._on_process_event = on_process_event
         self._ids = itertools.count(1)
@@ -174,6 +186,8 @@ class StdioUpstream:
                 tg.start_soon(self._drain_stderr, process)
                 tg.start_soon(self._read_loop, process, tg.cancel_scope)
                 await self._handshake()
+                if self._resource_subscriptions:
+                    tg.start_soon(self._subscribe_again, set(self._resource_subscriptions))
                 self._ready.set()
                 self._detail = None
                 await process.wait()
@@ -282,6 +296,11 @@ class StdioUpstream:
         pending.done.set()
 
     async def _on_notification(self, method: str, params: dict[str, Any], size: int = 0) -> None:
+        if method == RESOURCE_UPDATED:
+            uri = params.get("uri")
+            if isinstance(uri, str) and self.on_resource_updated is not None:
+                self.on_resource_updated(self.name, uri, None)  # one process, shared by every client
+            return
         if method in SURFACE_LIST_CHANGED:
             if self.on_surface_changed is not None and self._task_group is not None:
                 # Not awaited here: refreshing sends prompts/list, whose answer this loop must read.
@@ -459,6 +478,28 @@ class StdioUpstream:
     async def notify_session(self, upstream_session: Any, method: str) -> None:
         # One session shared by every client: no client's notification is its own to pass on.
         return None
+
+    # Resource subscriptions (issue 9): the one session is every client's, so the gateway counts them.
+
+    def shares_resource_feed(self, ctx: CallContext) -> bool:
+        return True
+
+    async def subscribe_resource(self, uri: str, ctx: CallContext) -> None:
+        await self.call("resources/subscribe", {"uri": uri}, ctx)
+        self._resource_subscriptions.add(uri)
+
+    async def unsubscribe_resource(self, uri: str, ctx: CallContext) -> None:
+        self._resource_subscriptions.discard(uri)
+        await self.call("resources/unsubscribe", {"uri": uri}, ctx)
+
+    async def _subscribe_again(self, uris: set[str]) -> None:
+        """A restarted process knows no subscription: the ones the gateway holds are made again."""
+        for uri in sorted(uris):
+            try:
+                with anyio.fail_after(self.spec.timeout_s or 30.0):
+                    await self._request_raw("resources/subscribe", {"uri": uri}, RequestRelay(None, None), {})
+            except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
+                logger.warning("upstream %s: subscribing to %s again failed: %s", self.name, uri, exc)
 
 
 def _cancel_reason(pending: _Pending) -> str:

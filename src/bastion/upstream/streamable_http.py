@@ -39,10 +39,12 @@ from bastion.errors import (
 )
 from bastion.policy.snapshot import ServerSpec
 from bastion.upstream.base import (
+    RESOURCE_UPDATED,
     SURFACE_LIST_CHANGED,
     CallContext,
     ClientDeclined,
     ListChangedCallback,
+    ResourceUpdatedCallback,
     UpstreamEra,
     UpstreamHealth,
     UpstreamReplied,
@@ -56,8 +58,9 @@ from bastion.upstream.era_paths import (
 from bastion.upstream.failure import describe_failure
 from bastion.upstream.input_rounds import ParkedRounds, ask_mid_call, asks_in_rounds, round_trip
 from bastion.upstream.relay import RequestRelay
+from bastion.upstream.resource_listens import ACK_TIMEOUT_S, ResourceListens
 from bastion.upstream.resume import Reconnect, messages_resuming
-from bastion.upstream.sse import SseCursor, iter_sse_messages
+from bastion.upstream.session_stream import follow_session_stream
 from bastion.upstream.taskgroups import single_exception
 from bastion.versions import (
     CAPABILITIES_META_KEY,
@@ -90,6 +93,8 @@ class HttpUpstreamSession:
     capabilities: dict[str, Any]
     server_capabilities: dict[str, Any] = dataclasses.field(default_factory=dict)
     log_level: str | None = None  # the level last sent with logging/setLevel
+    # Its GET stream, followed once its client subscribed to a resource here (issue 9).
+    watch: anyio.CancelScope | None = None
 
 
 def _relayable_capabilities(client_capabilities: Any) -> dict[str, Any]:
@@ -137,6 +142,11 @@ class HttpUpstream:
         self.server_capabilities: dict[str, Any] = {}
         # Set by the fleet: prompts/resources list_changed from this upstream (issue 9).
         self.on_surface_changed: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
+        # Set by the gateway (surface/subscriptions.py): resources/updated from this upstream.
+        self.on_resource_updated: ResourceUpdatedCallback | None = None
+        self._listens = ResourceListens(
+            lambda params, relay: self._modern_request("subscriptions/listen", params, relay, {})
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -154,6 +164,7 @@ class HttpUpstream:
     async def aclose(self) -> None:
         self._watch_scope.cancel()
         self._listen_scope.cancel()
+        self._listens.release_all()
         self._parked.cancel_all()
         if self._catalog is not None:
             with anyio.move_on_after(2, shield=True):
@@ -333,6 +344,8 @@ class HttpUpstream:
     async def close_session(self, upstream_session: Any) -> None:
         if not isinstance(upstream_session, HttpUpstreamSession) or upstream_session.session_id is None:
             return
+        if upstream_session.watch is not None:
+            upstream_session.watch.cancel()
         headers = self._session_headers(upstream_session)
         with contextlib.suppress(httpx.HTTPError):
             await self._client.delete(self.url, headers=headers, timeout=5.0)
@@ -568,7 +581,7 @@ class HttpUpstream:
         if not content_type.startswith("text/event-stream"):
             raise UpstreamProtocolError(f"upstream {self.name} answered {content_type or 'no content type'}")
         final: dict[str, Any] | None = None
-        messages = messages_resuming(response, self._reconnect(upstream_session))
+        messages = messages_resuming(response, self._reconnect(upstream_session), on_pause=relay.on_pause)
         with single_exception():
             async with contextlib.aclosing(messages), anyio.create_task_group() as tg:
                 async for message in messages:
@@ -585,7 +598,7 @@ class HttpUpstream:
                                 upstream_session,
                             )
                         elif isinstance(method, str) and isinstance(params, dict):
-                            await self._on_stream_notification(method, params, relay)
+                            await self._on_stream_notification(method, params, relay, upstream_session)
                         continue
                     if message.get("id") == request_id:
                         final = message
@@ -612,7 +625,17 @@ class HttpUpstream:
 
         return reconnect
 
-    async def _on_stream_notification(self, method: str, params: dict[str, Any], relay: RequestRelay) -> None:
+    async def _on_stream_notification(
+        self,
+        method: str,
+        params: dict[str, Any],
+        relay: RequestRelay,
+        upstream_session: HttpUpstreamSession | None = None,
+    ) -> None:
+        if method == RESOURCE_UPDATED:
+            # Never the calling request's: it goes to the subscribers of that URI (issue 9).
+            self._resource_updated(params, upstream_session)
+            return
         if method in SURFACE_LIST_CHANGED:
             if self.on_surface_changed is not None and self._task_group is not None:
                 self._task_group.start_soon(self.on_surface_changed, self.name, method)
@@ -690,29 +713,69 @@ class HttpUpstream:
             await self._watch_catalog_forever(catalog)
 
     async def _watch_catalog_forever(self, catalog: HttpUpstreamSession) -> None:
-        backoff = 0.5
-        cursor = SseCursor()  # a reconnection resumes after the last event seen
-        while True:
-            resume = {"last-event-id": cursor.last_event_id} if cursor.last_event_id else {}
-            try:
-                async with self._client.stream(
-                    "GET",
-                    self.url,
-                    headers={**self._session_headers(catalog), "accept": "text/event-stream", **resume},
-                    timeout=httpx.Timeout(None, connect=5.0),
-                ) as response:
-                    if response.status_code != 200:
-                        return
-                    backoff = 0.5
-                    async for message in iter_sse_messages(response.aiter_bytes(), cursor):
-                        if (
-                            message.get("method") == "notifications/tools/list_changed"
-                            and self._on_list_changed
-                        ):
-                            await self._on_list_changed(self.name)
-                        elif message.get("method") in SURFACE_LIST_CHANGED and self.on_surface_changed:
-                            await self.on_surface_changed(self.name, message["method"])
-            except (httpx.HTTPError, UpstreamProtocolError):
-                pass
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+        async def on_message(message: dict[str, Any]) -> None:
+            await self._on_session_message(message, catalog)
+
+        await follow_session_stream(self._client, self.url, self._session_headers(catalog), on_message)
+
+    async def _on_session_message(
+        self, message: dict[str, Any], upstream_session: HttpUpstreamSession
+    ) -> None:
+        """One message of an upstream session's GET stream (the catalog session's, or a subscriber's)."""
+        method = message.get("method")
+        if method == "notifications/tools/list_changed" and self._on_list_changed:
+            await self._on_list_changed(self.name)
+        elif method in SURFACE_LIST_CHANGED and self.on_surface_changed:
+            await self.on_surface_changed(self.name, method)
+        elif method == RESOURCE_UPDATED and isinstance(message.get("params"), dict):
+            self._resource_updated(message["params"], upstream_session)
+
+    # ------------------------------------------------------------------ resource subscriptions (issue 9)
+
+    def shares_resource_feed(self, ctx: CallContext) -> bool:
+        """True when a subscription made for ``ctx`` serves every client (a sessionless upstream's listen
+        stream); False when it lives on the client's own upstream session."""
+        return self.era is UpstreamEra.SESSIONLESS and not wants_session_path(self.speaks_session, ctx)
+
+    async def subscribe_resource(self, uri: str, ctx: CallContext) -> None:
+        """Subscribe upstream: a held listen stream (shared), or ``resources/subscribe`` on the client's
+        own upstream session, whose GET stream is then followed (its updates arrive there)."""
+        if self.shares_resource_feed(ctx):
+            assert self._task_group is not None
+            await self._listens.hold(uri, self._task_group)
+            return
+        await self.call("resources/subscribe", {"uri": uri}, ctx)
+        holder = ctx.upstream_sessions
+        upstream_session = holder.get(self.name) if holder is not None else None
+        if isinstance(upstream_session, HttpUpstreamSession) and upstream_session.watch is None:
+            await self._follow_own_session(upstream_session)
+
+    async def unsubscribe_resource(self, uri: str, ctx: CallContext) -> None:
+        if self.shares_resource_feed(ctx):
+            self._listens.release(uri)
+            return
+        await self.call("resources/unsubscribe", {"uri": uri}, ctx)
+
+    async def _follow_own_session(self, upstream_session: HttpUpstreamSession) -> None:
+        """Follow this session's GET stream until the session closes; return once it is open."""
+        assert self._task_group is not None
+        scope = upstream_session.watch = anyio.CancelScope()
+        opened = anyio.Event()
+
+        async def on_message(message: dict[str, Any]) -> None:
+            await self._on_session_message(message, upstream_session)
+
+        async def follow() -> None:
+            with scope:
+                await follow_session_stream(
+                    self._client, self.url, self._session_headers(upstream_session), on_message, opened=opened
+                )
+
+        self._task_group.start_soon(follow)
+        with anyio.move_on_after(ACK_TIMEOUT_S):
+            await opened.wait()
+
+    def _resource_updated(self, params: dict[str, Any], upstream_session: HttpUpstreamSession | None) -> None:
+        uri = params.get("uri")
+        if isinstance(uri, str) and self.on_resource_updated is not None:
+            self.on_resource_updated(self.name, uri, upstream_session)
