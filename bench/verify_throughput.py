@@ -8,7 +8,7 @@ Writes one closed chain per ``--entries`` size (realistic entries, about 700
 bytes a line) and runs the real CLI on each, ``bastion verify BUNDLE --key
 PUB --integrity-only --jobs 1``, pinned to one CPU (``taskset``, or
 ``sched_setaffinity`` before it execs). For each size it reports the wall time and the child's
-peak resident set size (``ru_maxrss`` from ``wait4``), so "memory flat in the
+peak resident set size (VmHWM, read while it runs), so "memory flat in the
 bundle's size" can be read off directly. The rate is taken between the two
 largest sizes, ``(n_big - n_small) / (t_big - t_small)``, which cancels the
 interpreter's start-up, with ``t`` the child's CPU time (user + system, from
@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -109,13 +110,34 @@ def verify_once(argv: list[str], bundle: Path, key: Path, cpu: int) -> tuple[flo
         stderr=subprocess.STDOUT,
     )
     assert process.stdout is not None
-    output = process.stdout.read().decode(errors="replace")
+    # Peak RSS from VmHWM of the exec'd program's own memory, read until it exits: ru_maxrss
+    # would also count this interpreter's pages, which the child shared until its exec.
+    output: list[bytes] = []
+    reader = threading.Thread(target=lambda: output.append(process.stdout.read()))  # type: ignore[union-attr]
+    reader.start()
+    peak = 0
+    while not os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+        peak = max(peak, _hwm_bytes(process.pid))
+        time.sleep(0.02)
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - started
+    reader.join()
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
-        raise RuntimeError(f"bastion verify exited {process.returncode}: {output.strip()[-500:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+        text = b"".join(output).decode(errors="replace")
+        raise RuntimeError(f"bastion verify exited {process.returncode}: {text.strip()[-500:]}")
+    return wall, usage.ru_utime + usage.ru_stime, peak
+
+
+def _hwm_bytes(pid: int) -> int:
+    """VmHWM (peak resident size) of ``pid``, 0 when it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def measure_verify(
