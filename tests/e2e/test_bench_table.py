@@ -71,12 +71,6 @@ def _bench_module(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return module
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="main since the p1-evidence merge: bastion serve --unsafe-no-audit answers 500 to a tools/call "
-    "with an execution id (recorder.step_alone: 'a step that reserves is written with its audit entries'), "
-    "so the audit-off runs fail; passes again once that is fixed",
-)
 @pytest.mark.timeout(900)
 def test_quick_table_has_a_row_for_every_target(tmp_path: Path) -> None:
     """A tiny quick run prints one row per target and writes them, each measured, as JSON."""
