@@ -34,7 +34,7 @@ conformance: $(STAMP)
 	$(BIN)/python -m tests.conformance.run
 
 bench: $(STAMP)
-	$(BIN)/python bench/run.py $(ARGS)
+	$(BIN)/python bench/table.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .conformance

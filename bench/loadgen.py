@@ -56,6 +56,7 @@ __all__ = [
     "McpSession",
     "PhaseResult",
     "Target",
+    "lean_client",
     "next_execution_id",
     "run_phase",
 ]
@@ -132,22 +133,31 @@ def _result_of(message: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
+def lean_client(timeout_s: float) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` holding one kept-alive connection with ``TCP_NODELAY``."""
+    return httpx.AsyncClient(
+        # httpx writes a request's headers and body separately: without TCP_NODELAY, Nagle
+        # holds the body until the server's delayed ACK, some 40 ms per call.
+        transport=httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        ),
+        timeout=httpx.Timeout(timeout_s),
+        trust_env=False,  # never route loopback through a proxy from the environment
+    )
+
+
 class McpSession:
     """One client session against one target, in one era, on one kept-alive connection."""
 
-    def __init__(self, target: Target, mode: Mode, *, timeout_s: float) -> None:
+    def __init__(
+        self, target: Target, mode: Mode, *, timeout_s: float, client: httpx.AsyncClient | None = None
+    ) -> None:
+        """``client``: share one connection among many sessions (the caller closes it), else own one."""
         self.target = target
         self.mode = mode
-        self._client = httpx.AsyncClient(
-            # httpx writes a request's headers and body separately: without TCP_NODELAY, Nagle
-            # holds the body until the server's delayed ACK, some 40 ms per call.
-            transport=httpx.AsyncHTTPTransport(
-                limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-            ),
-            timeout=httpx.Timeout(timeout_s),
-            trust_env=False,  # never route loopback through a proxy from the environment
-        )
+        self._owns_client = client is None
+        self._client = client if client is not None else lean_client(timeout_s)
         self._next_id = 0
         self._session_id: str | None = None
         self._version = SESSION_VERSION if mode == "legacy" else MODERN_VERSION
@@ -240,7 +250,8 @@ class McpSession:
         except httpx.HTTPError:
             pass
         finally:
-            await self._client.aclose()
+            if self._owns_client:
+                await self._client.aclose()
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:

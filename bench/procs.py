@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Child", "StartFailed", "cpu_seconds", "free_port"]
+__all__ = ["Child", "StartFailed", "cpu_seconds", "free_port", "rss_bytes"]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -71,6 +71,21 @@ def cpu_seconds(pid: int) -> float:
         fields = stat.rsplit(")", 1)[1].split()
         total_ticks += int(fields[11]) + int(fields[12])
     return total_ticks / _CLOCK_TICKS
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` and its live descendants, in bytes (/proc/<pid>/status VmRSS)."""
+    total_kib = 0
+    for each in _descendants(pid):
+        try:
+            status = Path(f"/proc/{each}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total_kib += int(line.split()[1])
+                break
+    return total_kib * 1024
 
 
 def _drain(stream: IO[bytes], sink: IO[bytes]) -> None:

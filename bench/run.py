@@ -106,7 +106,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--store", help="with --postgres: this postgresql:// database instead of a throwaway one"
     )
     parser.add_argument(
-        "--store-ops-calls", type=int, default=500, help="with --postgres: calls per engine count"
+        "--store-ops-calls",
+        type=int,
+        default=500,
+        help="with --postgres: calls per engine in the store-operations count (0 skips the count)",
     )
     parser.add_argument("--start-timeout", type=float, default=30.0, help="seconds to wait for readiness")
     parser.add_argument("--call-timeout", type=float, default=30.0, help="seconds per HTTP request")
@@ -434,6 +437,22 @@ def start_bastion(
     return child, target
 
 
+def start_upstream(temp: Path, timeout_s: float, *, json_response: bool = False) -> tuple[Child, str]:
+    """The bundled example HTTP upstream on a free port, and its MCP endpoint URL."""
+    argv = [sys.executable, "-m", "bastion.examples.tools_server", "--host", "127.0.0.1", "--port", "0"]
+    if json_response:
+        argv.append("--json-response")
+    upstream = Child.start(
+        "upstream",
+        argv,
+        ready=UPSTREAM_READY,
+        log_path=temp / "upstream.log",
+        env=dict(os.environ, BASTION_COUNTER_FILE=str(temp / "counter")),
+        timeout_s=timeout_s,
+    )
+    return upstream, UPSTREAM_READY.match(upstream.ready_line).group(1)  # type: ignore[union-attr]
+
+
 def environment() -> dict[str, Any]:
     try:
         commit = subprocess.run(
@@ -453,28 +472,8 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
     mode: Mode = args.mode
     children: list[Child] = []
     try:
-        upstream_env = dict(os.environ, BASTION_COUNTER_FILE=str(temp / "counter"))
-        upstream_argv = [
-            sys.executable,
-            "-m",
-            "bastion.examples.tools_server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-        ]
-        if args.upstream_json:
-            upstream_argv.append("--json-response")
-        upstream = Child.start(
-            "upstream",
-            upstream_argv,
-            ready=UPSTREAM_READY,
-            log_path=temp / "upstream.log",
-            env=upstream_env,
-            timeout_s=args.start_timeout,
-        )
+        upstream, upstream_url = start_upstream(temp, args.start_timeout, json_response=args.upstream_json)
         children.append(upstream)
-        upstream_url = UPSTREAM_READY.match(upstream.ready_line).group(1)  # type: ignore[union-attr]
         direct_target = Target("direct", upstream_url, TOOL)
 
         through_target: Target | None = None
@@ -577,10 +576,11 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                 results["postgres_vs_sqlite"] = engines.engine_ratios(
                     results["through"], results["through_postgres"]
                 )
-                print("counting store operations per governed call ...", file=sys.stderr, flush=True)
-                results["store_ops_per_call"] = await engines.store_ops_both(
-                    args, temp, upstream_url, mode, engines.postgres_url(args, temp)
-                )
+                if args.store_ops_calls > 0:
+                    print("counting store operations per governed call ...", file=sys.stderr, flush=True)
+                    results["store_ops_per_call"] = await engines.store_ops_both(
+                        args, temp, upstream_url, mode, engines.postgres_url(args, temp)
+                    )
             results["targets"] = verdicts(
                 results["compared"], results["through"], bastion.ready_after_s, audit
             )

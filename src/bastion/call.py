@@ -7,8 +7,10 @@ Every refusal is raised as a typed error, written to the audit chain first,
 and carries a receipt; ``transport/`` renders it.
 
 Order of the durable writes, for a call with an execution id (DESIGN section 3):
-reserve (atomic, with binding) → audit ``admitted`` → mark ``invoking`` →
-audit ``invoking`` → send → record the terminal state → audit it → answer.
+[reserve (atomic, with binding), mark ``invoking``, audit ``admitted`` and
+``invoking``] in one transaction → send → [record the terminal state, audit
+it] in one transaction → answer. To an upstream that is not connected:
+reserve alone (a replay is still classified), then release.
 A write that cannot be made durable stops the call there, fail closed: the
 execution stays non-terminal (hence refused), the store is marked degraded,
 and the audit entry owed is written once storage returns.
@@ -50,14 +52,14 @@ from bastion.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from bastion.ids import CallId, Epoch, WorkerId, new_call_id
+from bastion.ids import CallId, Epoch, ExecutionId, WorkerId, new_call_id
 from bastion.param_headers import check_param_headers
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.grants import Rate
 from bastion.policy.shared_limits import StoreRateLimiter
 from bastion.policy.snapshot import Snapshot
 from bastion.settle import send_and_settle
-from bastion.store.base import Store
+from bastion.store.base import ExecutionStep, Store
 from bastion.store.health import StoreHealth
 from bastion.surface.limits import SurfaceLimits
 from bastion.upstream.base import CallContext, UpstreamReplied
@@ -281,7 +283,6 @@ class ToolCallPath:
             self._health.failed(exc, owed=scope.owe([self._refusal(attempt, exc)]))
             raise
         execution_id = attempt.envelope.execution_id
-        worker, epoch = self._membership.credentials()
         # The next round of an execution that asked its client for input is that execution
         # continuing (its row stayed invoking), not a replay: admission/continuation.py.
         continuation = (
@@ -289,78 +290,31 @@ class ToolCallPath:
             if execution_id is not None
             else None
         )
-        if execution_id is not None and continuation is None:
-            try:
-                await self._store.reserve_execution(
-                    caller.agent,
-                    execution_id,
-                    attempt.binding,
-                    call_id=attempt.call_id,
-                    worker=worker,
-                    epoch=epoch,
-                )
-            except ExecutionCollision as exc:
-                await self._audit_refusal(scope, attempt, exc, event=AuditEvent.COLLISION)
-                raise
-            except ExecutionReplay as exc:
-                await name_earlier_attempt(self._store, caller.agent, execution_id, exc.data)
-                earlier = {k: v for k, v in exc.data.items() if k.startswith("earlier_")}
-                await self._audit_refusal(
-                    scope,
-                    attempt,
-                    exc,
-                    event=AuditEvent.REPLAY,
-                    outcome=exc.data.get("earlier_outcome"),
-                    detail=earlier,
-                )
-                raise
-            except ExecutionInFlight as exc:
-                await self._audit_refusal(scope, attempt, exc)
-                raise
-            except StoreError as exc:
-                # The refusal that trips degraded mode is owed to the audit like the ones after it.
-                self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
-                raise
         # (7) Invoke: durable "invoking" first, then send on this client's own upstream session.
         upstream = self._fleet.upstreams[entry.server]
+        if execution_id is not None and continuation is None and not upstream.health().connected:
+            # Classified first (a replay stays a replay), then released: nothing can be sent.
+            await self._admit(caller, attempt, scope, execution_id, step=None)
+            self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
+            await self._release(caller, attempt, scope)
+            raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
         self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
         if execution_id is not None and continuation is None:
-            if not upstream.health().connected:
-                await self._release(caller, attempt, scope)
-                raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
-            # The durable "invoking" mark and the audit entries that say so are independent
-            # writes: issued together, group commit gives them one fsync. Both land before the send.
+            # The reservation, the durable "invoking" mark and the audit entries that say so: one
+            # transaction (store/base.py ExecutionStep), durable before the send.
             self._queue(attempt, AuditEvent.INVOKING)
-            failures: list[StoreError] = []
-
-            async def mark_invoking() -> None:
-                try:
-                    await self._store.mark_invoking(caller.agent, execution_id, worker=worker, epoch=epoch)
-                except StoreError as exc:
-                    self._health.failed(exc)
-                    failures.append(exc)
-
-            async def audit_invoking() -> None:
-                try:
-                    await self._record_pending(scope, attempt)
-                except StoreError as exc:
-                    failures.append(exc)
-
+            step = ExecutionStep(
+                caller.agent,
+                execution_id,
+                ExecutionState.INVOKING,
+                reserve_binding=attempt.binding,
+                call_id=attempt.call_id,
+            )
             # Shielded: a cancellation that lands while the mark commits would otherwise leave a
             # durable "invoking" row that no outcome follows. Cancellation is taken at the send
             # instead, inside send_and_settle, which records it as outcome_unknown.
             with anyio.CancelScope(shield=True):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(mark_invoking)
-                    tg.start_soon(audit_invoking)
-            if failures:
-                # Nothing was sent. The row stays as the store left it (reserved or invoking):
-                # refused until recovery settles it, never guessed into permission.
-                with contextlib.suppress(NotDurable):
-                    await self._record(
-                        scope, attempt, AuditEvent.REFUSED, decision=Decision.DENY.value, reason="not_durable"
-                    )
-                raise failures[0]
+                await self._admit(caller, attempt, scope, execution_id, step=step)
 
         # Without an execution id there is no state to move: the admitted entry is written with
         # the outcome, durably, before the answer (DESIGN section 2 step 8).
@@ -405,6 +359,60 @@ class ToolCallPath:
 
     # ------------------------------------------------------------------ durable steps
 
+    async def _admit(
+        self,
+        caller: Caller,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+        execution_id: ExecutionId,
+        *,
+        step: ExecutionStep | None,
+    ) -> None:
+        """(6) Reserve the execution; with ``step``, also mark it invoking and write the queued
+        entries, in the same transaction. Every refusal is audited, then raised."""
+        worker, epoch = self._membership.credentials()
+        assert attempt.binding is not None
+        try:
+            if step is None:
+                await self._store.reserve_execution(
+                    caller.agent,
+                    execution_id,
+                    attempt.binding,
+                    call_id=attempt.call_id,
+                    worker=worker,
+                    epoch=epoch,
+                )
+            else:
+                # Refused or not durable, none of these entries was written: they are dropped.
+                batch, attempt.pending = attempt.pending, []
+                entries = await scope.record_many(batch, durable=True, then=1, step=step)
+                if entries:
+                    attempt.last = entries[-1]
+        except ExecutionCollision as exc:
+            await self._audit_refusal(scope, attempt, exc, event=AuditEvent.COLLISION)
+            raise
+        except ExecutionReplay as exc:
+            await name_earlier_attempt(self._store, caller.agent, execution_id, exc.data)
+            earlier = {k: v for k, v in exc.data.items() if k.startswith("earlier_")}
+            await self._audit_refusal(
+                scope,
+                attempt,
+                exc,
+                event=AuditEvent.REPLAY,
+                outcome=exc.data.get("earlier_outcome"),
+                detail=earlier,
+            )
+            raise
+        except ExecutionInFlight as exc:
+            await self._audit_refusal(scope, attempt, exc)
+            raise
+        except StoreError as exc:
+            # Nothing was sent. The row is as the store left it (none, or invoking after a lost
+            # acknowledgement): refused until recovery settles it, never guessed into permission.
+            # The refusal that trips degraded mode is owed to the audit like the ones after it.
+            self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
+            raise
+
     async def _finish(
         self,
         caller: Caller,
@@ -416,41 +424,45 @@ class ToolCallPath:
         result_digest: str | None = None,
     ) -> None:
         execution_id = attempt.envelope.execution_id
-        if execution_id is not None:
-            worker, epoch = self._membership.credentials()
-            try:
-                await self._store.record_outcome(
-                    caller.agent, execution_id, state, worker=worker, epoch=epoch
-                )
-            except StaleEpoch as exc:
-                # Superseded: recovery owns this execution. What this worker saw is not lost: it is
-                # recorded by a fresh, current writer (workers/late_write.py). Entries queued under
-                # the stale epoch could never be written; the report replaces them.
-                attempt.pending = []
-                await self._report_late_write(caller, attempt, scope, state, worker, epoch)
-                raise StaleEpoch(
-                    exc.message, observed_outcome=state.value, execution_id=execution_id
-                ) from exc
-            except StoreError as exc:
-                # Not durable: the row stays invoking (refused forever), never terminal by guess.
-                owed = [
-                    *attempt.pending,
-                    (
-                        AuditEvent.REFUSED,
-                        {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value},
-                    ),
-                ]
-                attempt.pending = []
-                self._health.failed(exc, owed=scope.owe(owed))
-                raise NotDurable(
-                    "The outcome could not be made durable; this execution_id stays refused",
-                    observed_outcome=state.value,
-                    execution_id=execution_id,
-                ) from exc
         detail = {"result_digest": result_digest} if result_digest else None
-        await self._record(
-            scope, attempt, AuditEvent(state.value), outcome=state.value, reason=reason, detail=detail
+        outcome = (
+            AuditEvent(state.value),
+            {**attempt.fields(), "outcome": state.value, "reason": reason, "detail": detail},
         )
+        if execution_id is None:
+            await self._write_batch(scope, attempt, [outcome], durable=False)
+            return
+        # The terminal state and the entries that record it: one transaction (store/base.py
+        # ExecutionStep), so a crash leaves both or neither, never a terminal row unaudited.
+        batch = [*attempt.pending, outcome]
+        attempt.pending = []
+        step = ExecutionStep(caller.agent, execution_id, state)
+        try:
+            entries = await scope.record_many(batch, durable=False, step=step)
+        except StaleEpoch as exc:
+            # Superseded: recovery owns this execution. What this worker saw is not lost: it is
+            # recorded by a fresh, current writer (workers/late_write.py). Entries queued under
+            # the stale epoch could never be written; the report replaces them.
+            worker, epoch = self._membership.credentials()
+            await self._report_late_write(caller, attempt, scope, state, worker, epoch)
+            raise StaleEpoch(exc.message, observed_outcome=state.value, execution_id=execution_id) from exc
+        except StoreError as exc:
+            # Not durable: the row stays invoking (refused forever), never terminal by guess.
+            owed = [
+                *batch[:-1],
+                (
+                    AuditEvent.REFUSED,
+                    {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value},
+                ),
+            ]
+            self._health.failed(exc, owed=scope.owe(owed))
+            raise NotDurable(
+                "The outcome could not be made durable; this execution_id stays refused",
+                observed_outcome=state.value,
+                execution_id=execution_id,
+            ) from exc
+        if entries:
+            attempt.last = entries[-1]
 
     async def _release(self, caller: Caller, attempt: _Attempt, scope: EvidenceScope) -> None:
         assert attempt.envelope.execution_id is not None
@@ -485,10 +497,13 @@ class ToolCallPath:
         """Queue an entry of this attempt; the next :meth:`_record` writes it first, in order."""
         attempt.pending.append((event, {**attempt.fields(), **extra}))
 
-    async def _record_pending(self, scope: EvidenceScope, attempt: _Attempt) -> None:
-        """Write the queued entries now, durably: something irreversible follows (raises ``NotDurable``)."""
+    async def _record_pending(
+        self, scope: EvidenceScope, attempt: _Attempt, *, step: ExecutionStep | None = None
+    ) -> None:
+        """Write the queued entries now, durably, with ``step`` if given: something irreversible
+        follows (raises ``NotDurable``)."""
         # One more entry of this call follows (its outcome or refusal): it stays in this chain.
-        await self._write_batch(scope, attempt, [], durable=True, then=1)
+        await self._write_batch(scope, attempt, [], durable=True, then=1, step=step)
 
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         """Write the queued entries and this one in one go (raises ``NotDurable``).
@@ -506,11 +521,12 @@ class ToolCallPath:
         *,
         durable: bool,
         then: int = 0,
+        step: ExecutionStep | None = None,
     ) -> None:
         batch = [*attempt.pending, *extra]
         attempt.pending = []
         try:
-            entries = await scope.record_many(batch, durable=durable, then=then)
+            entries = await scope.record_many(batch, durable=durable, then=then, step=step)
         except StaleEpoch:
             raise  # superseded, not a storage failure: nothing is owed under a stale epoch
         except StoreError as exc:

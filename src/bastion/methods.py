@@ -8,9 +8,11 @@ is the change-notification stream), and resources, prompts and completion
 ``initialize`` is the session handshake and lives in ``transport/``.
 
 Each era has its own table: 2026-07-28 removed ``ping``, ``initialize`` and
-``logging/setLevel`` (spec changelog, major change 5), so a sessionless
-request for them is ``MethodNotFound`` (HTTP 404 on that wire), exactly as the
-reference servers answer; ``subscriptions/listen`` exists only at 2026-07-28.
+``logging/setLevel`` (spec changelog, major change 5), and ``resources/subscribe``
+/ ``resources/unsubscribe`` (a listen stream's ``resourceSubscriptions`` replace
+them), so a sessionless request for them is ``MethodNotFound`` (HTTP 404 on that
+wire), exactly as the reference servers answer; ``subscriptions/listen`` exists
+only at 2026-07-28.
 """
 
 from __future__ import annotations

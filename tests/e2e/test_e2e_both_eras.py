@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
@@ -106,6 +107,24 @@ async def test_resources_and_prompts_of_an_upstream_that_has_none_add_nothing(
         prompts = await client.list_prompts()
     assert [r.uri for r in resources.resources] == ["bastion://notes/notes://all"]
     assert {p.name for p in prompts.prompts} == {"notes__summarize_notes", "notes__recall_note"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_demo_s_arguments_complete_through_bastion(
+    running_gateway: RunningGateway, mode: str
+) -> None:
+    """completion/complete reaches the notes server for its template and prompt under their gateway names."""
+    template = types.ResourceTemplateReference(
+        type="ref/resource", uri="bastion://notes/notes://notes/{number}"
+    )
+    prompt = types.PromptReference(type="ref/prompt", name="notes__summarize_notes")
+    async with running_gateway.client(mode=mode) as client:
+        for text in ("first", "second"):
+            await client.call_tool("notes__add_note", {"text": text})
+        numbers = await client.complete(template, {"name": "number", "value": ""})
+        styles = await client.complete(prompt, {"name": "style", "value": "in"})
+    assert numbers.completion.values == ["1", "2"]
+    assert styles.completion.values == ["in detail"]
 
 
 @pytest.mark.parametrize("namespace", ["notes", "tools"])

@@ -154,18 +154,25 @@ class KillPoint:
 
 
 KILL_POINTS = [
-    pytest.param(KillPoint("reserve_execution", ExecutionState.RELEASED, False, ((),)), id="after-reserve"),
+    # The reservation is written with the invoking mark and their entries (store/base.py
+    # ExecutionStep): a kill right after it finds the row invoking, as after-invoking does.
     pytest.param(
-        KillPoint("mark_invoking", ExecutionState.OUTCOME_UNKNOWN, False, ((), ("admitted",))),
+        KillPoint("reserve_execution", ExecutionState.OUTCOME_UNKNOWN, False, (("admitted", "invoking"),)),
+        id="after-reserve",
+    ),
+    # The invoking mark and its audit entries are one write: durable together.
+    pytest.param(
+        KillPoint("mark_invoking", ExecutionState.OUTCOME_UNKNOWN, False, (("admitted", "invoking"),)),
         id="after-invoking",
     ),
     pytest.param(
         KillPoint("before:record_outcome", ExecutionState.OUTCOME_UNKNOWN, True, (("admitted", "invoking"),)),
         id="before-terminal",
     ),
-    # The terminal row is durable, its audit entry was never written: the replay refusal names it later.
+    # The terminal row and its audit entry are one write: a kill right after it leaves both durable,
+    # so the dead worker's chain ends with the outcome (it once lacked it).
     pytest.param(
-        KillPoint("record_outcome", ExecutionState.COMPLETED, True, (("admitted", "invoking"),)),
+        KillPoint("record_outcome", ExecutionState.COMPLETED, True, (("admitted", "invoking", "completed"),)),
         id="after-terminal",
     ),
 ]

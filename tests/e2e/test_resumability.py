@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import RunningGateway
-from tests.e2e.test_transport_rules import assert_error, open_session, rpc, session_headers
+from tests.e2e.test_transport_rules import assert_error, headers, open_session, rpc, session_headers
 
 pytestmark = pytest.mark.anyio
 
@@ -19,6 +19,20 @@ SLOW_CALL = rpc(
     {"name": "tools__slow", "arguments": {"seconds": 1.0, "steps": 4}, "_meta": {"progressToken": "p"}},
     request_id=5,
 )
+
+
+PRIMING = "2025-11-25"  # the first revision whose streams open with a priming event (SEP-1699)
+
+
+async def _open_priming_session(http: httpx.AsyncClient, url: str) -> dict[str, str]:
+    """A 2025-11-25 session; the headers its requests carry."""
+    init = {"protocolVersion": PRIMING, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    response = await http.post(url, headers=headers("alice"), json=rpc("initialize", init))
+    assert response.json()["result"]["protocolVersion"] == PRIMING
+    session = session_headers(response.headers["mcp-session-id"], version=PRIMING)
+    ack = await http.post(url, headers=session, json=rpc("notifications/initialized", request_id=None))
+    assert ack.status_code == 202
+    return session
 
 
 def _events(lines: list[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -100,18 +114,16 @@ async def test_a_post_stream_opens_with_a_priming_event_that_resumes_everything(
 ) -> None:
     """An SSE answer opens with an id, a retry hint and no data; resuming from it replays every message."""
     async with running_gateway.raw() as http:
-        session_id = await open_session(http, running_gateway.url)
+        session = await _open_priming_session(http, running_gateway.url)
         opening: list[str] = []
         with anyio.fail_after(20):
-            async with http.stream(
-                "POST", running_gateway.url, headers=session_headers(session_id), json=SLOW_CALL
-            ) as response:
+            async with http.stream("POST", running_gateway.url, headers=session, json=SLOW_CALL) as response:
                 async for line in response.aiter_lines():
                     opening.append(line)
                     if not line:
                         break  # dropped before any message
             resume = {
-                **session_headers(session_id),
+                **session,
                 "accept": "text/event-stream",
                 "last-event-id": opening[0].removeprefix("id: "),
             }
@@ -144,14 +156,33 @@ async def test_another_sessions_event_id_replays_nothing(running_gateway: Runnin
     assert own[-1][1]["id"] == 5
 
 
+async def test_a_session_before_2025_11_25_gets_no_priming_event(running_gateway: RunningGateway) -> None:
+    """A 2025-06-18 session's SSE answer opens with its first message, not an empty-data event."""
+    async with running_gateway.raw() as http:
+        session_id = await open_session(http, running_gateway.url)
+        opening: list[str] = []
+        with anyio.fail_after(20):
+            async with http.stream(
+                "POST", running_gateway.url, headers=session_headers(session_id), json=SLOW_CALL
+            ) as response:
+                async for line in response.aiter_lines():
+                    opening.append(line)
+                    if len(opening) == 3:
+                        break
+    assert opening[0].startswith("id: ") and opening[1] == "event: message"
+    assert json.loads(opening[2].removeprefix("data: "))["method"] == "notifications/progress"
+
+
 async def test_get_stream_events_carry_ids_and_resume_after_the_last_seen(
     running_gateway: RunningGateway,
 ) -> None:
     """The GET stream numbers its events; a reconnect with Last-Event-ID gets only the later ones."""
     gateway = running_gateway.gateway
     async with running_gateway.raw() as http:
-        session_id = await open_session(http, running_gateway.url)
-        get_headers = {**session_headers(session_id), "accept": "text/event-stream"}
+        get_headers = {
+            **await _open_priming_session(http, running_gateway.url),
+            "accept": "text/event-stream",
+        }
         opening: list[str] = []
         with anyio.fail_after(10):
             async with http.stream("GET", running_gateway.url, headers=get_headers) as response:

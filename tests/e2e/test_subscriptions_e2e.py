@@ -8,6 +8,8 @@ tells exactly the upstream sessions (and listen streams) subscribed to it.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ResourceUpdated
 from mcp.types import TextContent
 
+from bastion.upstream.stdio import StdioUpstream
 from tests.e2e.conftest import RunningGateway
 from tests.e2e.test_surface_e2e import _config, _entries_of, _gateway, http_surface  # noqa: F401
 
@@ -147,8 +150,11 @@ async def test_a_hidden_resource_cannot_be_subscribed_and_is_audited(gateway: Ru
     assert [e["tool"] for e in entries if e["event"] == "completed"] == ["doc://readme"]
 
 
-@pytest.mark.parametrize("era", ["auto", "sessionless"])
-@pytest.mark.parametrize("server", ["a", "b"])
+# a: stdio (shared); b: both eras (the upstream's own listen stream, shared), pinned session era
+# (the listen stream gets its own upstream session and follows its GET stream), pinned sessionless.
+@pytest.mark.parametrize(
+    ("server", "era"), [("a", "auto"), ("b", "auto"), ("b", "session"), ("b", "sessionless")]
+)
 async def test_a_listen_stream_hears_only_the_resources_it_named_and_may_see(
     tmp_path: Path,
     http_surface: str,  # noqa: F811
@@ -182,3 +188,25 @@ async def test_a_listen_stream_hears_only_the_resources_it_named_and_may_see(
     assert {(e["tool"], e["decision"], e["reason"]) for e in entries if e["event"] == "refused"} == {
         ("doc://secret", "deny", "grant_denied")
     }
+
+
+async def test_a_restarted_stdio_upstream_is_subscribed_again(gateway: RunningGateway) -> None:
+    """The stdio process dies and comes back knowing no subscription: Bastion makes the ones it
+    holds again, so the session still hears its resource's updates."""
+    upstream = gateway.gateway.fleet.upstreams["a"]
+    assert isinstance(upstream, StdioUpstream)
+    updates = Updates()
+    uri = "bastion://a/doc://pages/kept"
+    async with gateway.client(message_handler=updates.on_message) as client:
+        await client.subscribe_resource(uri)
+        first_pid = upstream.pid
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGKILL)
+        with anyio.fail_after(30):
+            while upstream.pid == first_pid or not upstream.health().connected:
+                await anyio.sleep(0.05)
+            while await _count(client, "a", "kept") != 1:  # made again in the background
+                await anyio.sleep(0.05)
+        await _touch(client, "a", "kept")
+        await updates.until(uri)
+    assert updates.uris == [uri]

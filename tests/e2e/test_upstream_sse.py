@@ -21,11 +21,14 @@ import anyio
 import httpx2
 import pytest
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 
 from bastion.app import create_app
+from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
+from tests.e2e.conftest import TOKENS
 from tests.e2e.upstream_support import client_through_bastion, listening_upstream, text_of
 
 pytestmark = pytest.mark.anyio
@@ -149,3 +152,27 @@ async def test_an_upstream_polling_close_is_mirrored_to_the_client_who_resumes_w
     answers = [json.loads(data) for _, _, data in _sse_events(resumed.text) if data]
     assert [answer["id"] for answer in answers] == [1]
     assert answers[0]["result"]["content"][0]["text"] == "Reconnection test completed"
+
+
+async def test_the_stdio_adapter_resumes_an_answer_bastion_let_go_mid_call(
+    tmp_path: Path, with_event_store: str
+) -> None:
+    """Through ``bastion connect`` the polling close costs nothing: the adapter fetches the answer by GET."""
+    config = {
+        "servers": {"fx": {"url": with_event_store, "era": "session", "transparent": True}},
+        "agents": {"alice": {"token_sha256": hash_token(TOKENS["alice"])}},
+    }
+    credential = tmp_path / "agent.token"
+    credential.write_text(TOKENS["alice"] + "\n")
+    app = create_app(
+        snapshot_from_mapping(config, source=None, version="test"), RuntimeOptions(tmp_path / "data")
+    )
+    async with serve_on_loopback(app) as url:
+        connect = ["-m", "bastion.cli.main", "connect", "--url", url, "--credential", str(credential)]
+        with anyio.fail_after(60):
+            async with Client(
+                StdioServerParameters(command=sys.executable, args=connect), mode="legacy"
+            ) as client:
+                result = await client.call_tool("test_reconnection", {})
+    assert result.is_error is False
+    assert text_of(result) == "Reconnection test completed"

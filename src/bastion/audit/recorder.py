@@ -45,12 +45,13 @@ from typing import Any
 
 import anyio
 
+from bastion.admission.states import ExecutionState
 from bastion.audit.chain import ChainSummary, CloseReason, attestation_entry, link_entry, make_genesis
 from bastion.audit.claim import ClaimProfile, PolicyInForce, issue_claim
 from bastion.audit.entry import AuditEntry, AuditEvent
 from bastion.crypto.keys import Keyring
 from bastion.ids import AgentId, EvidenceSessionId, new_evidence_session_id
-from bastion.store.base import Store
+from bastion.store.base import ExecutionStep, Store
 from bastion.workers.membership import WorkerMembership
 
 __all__ = ["MIN_MAX_ENTRIES", "Attestor", "EvidenceRecorder", "EvidenceSession"]
@@ -250,8 +251,12 @@ class EvidenceRecorder:
         batch: list[tuple[AuditEvent, dict[str, Any]]],
         *,
         then: int = 0,
+        step: ExecutionStep | None = None,
     ) -> list[AuditEntry]:
         """Append several entries in order (rotating first if due), durably, in one store write.
+
+        With ``step``, that execution transition is written in the same transaction as the
+        entries (``store/base.py`` :class:`ExecutionStep`).
 
         ``then`` is how many more entries the batch's call may write to this chain: they are
         held for it (see the module docstring) until it writes them or :meth:`end_call`.
@@ -273,13 +278,27 @@ class EvidenceRecorder:
             evidence.entries += len(batch)
             evidence.writing += 1
         try:
-            return await self._store.append_entries(session_id, builders, worker=worker, epoch=epoch)
+            return await self._store.append_entries(
+                session_id, builders, worker=worker, epoch=epoch, step=step
+            )
         except BaseException:
             evidence.entries -= len(batch)
             raise
         finally:
             evidence.writing -= 1
             _settle(evidence)
+
+    async def step_alone(self, step: ExecutionStep) -> None:
+        """Make ``step`` with no entries: for a scope that records nothing (``--unsafe-no-audit``)."""
+        worker, epoch = self._membership.credentials()
+        if step.reserve_binding is not None:
+            raise ValueError("a step that reserves is written with its audit entries")
+        if step.target is ExecutionState.INVOKING:
+            await self._store.mark_invoking(step.agent, step.execution_id, worker=worker, epoch=epoch)
+        else:
+            await self._store.record_outcome(
+                step.agent, step.execution_id, step.target, worker=worker, epoch=epoch
+            )
 
     def end_call(self, evidence: EvidenceSession, call_id: str) -> None:
         """The call wrote its last entry (or never will): the slots it held are free."""

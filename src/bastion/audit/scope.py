@@ -16,6 +16,7 @@ from bastion.audit.chain import CloseReason
 from bastion.audit.entry import AuditEntry, AuditEvent, format_ts
 from bastion.audit.recorder import EvidenceRecorder, EvidenceSession
 from bastion.ids import AgentId
+from bastion.store.base import ExecutionStep
 
 __all__ = ["EvidenceScope"]
 
@@ -57,21 +58,29 @@ class EvidenceScope:
         return await self._recorder.append(self._evidence, event, **fields)
 
     async def record_many(
-        self, batch: list[tuple[AuditEvent, dict[str, Any]]], *, durable: bool = True, then: int = 0
+        self,
+        batch: list[tuple[AuditEvent, dict[str, Any]]],
+        *,
+        durable: bool = True,
+        then: int = 0,
+        step: ExecutionStep | None = None,
     ) -> list[AuditEntry]:
         """Append several entries in order, as one durable write, before returning.
 
         ``durable`` is kept for callers (``call.py``) and changes nothing: every scope writes
         now (one request's own in-memory chain is gone; see ``shared.py``). ``then``:
         how many more entries the batch's call may write; they stay in this chain
-        (``recorder.py``) until written or :meth:`end_call`.
+        (``recorder.py``) until written or :meth:`end_call`. ``step``: an execution transition
+        written in the same transaction as the entries (always now, whatever ``durable`` says).
         """
-        if self._unsafe_disabled or not batch:
+        if self._unsafe_disabled and step is not None:
+            await self._recorder.step_alone(step)
+        if self._unsafe_disabled or not (batch or step):
             return []
         async with self._opening:
             if self._evidence is None:
                 self._evidence = await self._recorder.open(self.agent, policy_version=self._policy_version)
-        return await self._recorder.append_many(self._evidence, batch, then=then)
+        return await self._recorder.append_many(self._evidence, batch, then=then, step=step)
 
     def end_call(self, call_id: str) -> None:
         """The call has written everything it will: the chain slots it held are free."""

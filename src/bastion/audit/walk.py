@@ -94,33 +94,36 @@ _CALL_FIELDS = (
     "reason",
     "outcome",
 )
-_get_fields = itemgetter(*ENTRY_FIELDS)
-# walk_lines unpacks the fields by position, so the order of AuditEntry's fields is pinned here.
+# The keys as orjson hands them out (it caches short keys), so comparing a parsed entry's keys
+# with these mostly finds the very same objects.
+_SORTED_FIELDS = tuple(orjson.loads(orjson.dumps(dict.fromkeys(sorted(ENTRY_FIELDS)))))
+_get_sorted = itemgetter(*_SORTED_FIELDS)
+# walk_lines unpacks the fields by position in key order, so that order is pinned here.
 _UNPACKED_ORDER = (
-    "seq",
-    "ts",
-    "session_id",
-    "call_id",
-    "workflow_id",
-    "execution_id",
     "agent",
-    "event",
-    "server",
-    "tool",
     "args_digest",
     "binding",
+    "call_id",
     "decision",
-    "reason",
+    "detail",
+    "epoch",
+    "event",
+    "execution_id",
+    "hash",
     "outcome",
     "policy_version",
-    "worker",
-    "epoch",
-    "detail",
     "prev",
-    "hash",
+    "reason",
+    "seq",
+    "server",
+    "session_id",
+    "tool",
+    "ts",
+    "worker",
+    "workflow_id",
 )
-if ENTRY_FIELDS != _UNPACKED_ORDER:  # pragma: no cover - guards a change to entry.py
-    raise ImportError("AuditEntry's fields changed order; update walk_lines' unpacking")
+if _SORTED_FIELDS != _UNPACKED_ORDER:  # pragma: no cover - guards a change to entry.py
+    raise ImportError("AuditEntry's fields changed; update walk_lines' unpacking")
 _EVENTS = frozenset(event.value for event in AuditEvent)
 _OPEN = AuditEvent.SESSION_OPEN.value
 _CLOSE = AuditEvent.SESSION_CLOSE.value
@@ -212,14 +215,14 @@ def walk_lines(
     Lines may end in ``\\n`` or not. With ``execution_id``, the entries that
     carry it are kept in ``matches``.
     """
-    loads, dumps, sha256, ts_match, get_fields = (
+    loads, dumps, sha256, ts_match, get_sorted = (
         orjson.loads,
         orjson.dumps,
         hashlib.sha256,
         _TS_RE.fullmatch,
-        _get_fields,
+        _get_sorted,
     )
-    events, n_fields = _EVENTS, _N_FIELDS
+    events, n_fields, field_set, sorted_fields = _EVENTS, _N_FIELDS, _FIELD_SET, _SORTED_FIELDS
     good_signatures: set[tuple[type, ...]] = set()
     last_signature: tuple[type, ...] = ()
     expected_seq, prev_hash, prev_digest = 0, GENESIS_PREV, bytes(32)
@@ -236,12 +239,15 @@ def walk_lines(
             data = loads(content)
         except orjson.JSONDecodeError as exc:
             raise MalformedEntry(f"not JSON: {exc}", line=lineno, source=source) from None
-        if type(data) is not dict or len(data) != n_fields:
+        if type(data) is not dict:
             raise MalformedEntry(_field_defect(data), line=lineno, source=source)
-        try:
-            values = get_fields(data)
-        except KeyError:
-            raise MalformedEntry(_field_defect(data), line=lineno, source=source) from None
+        in_order = tuple(data) == sorted_fields
+        if in_order:
+            values = tuple(data.values())
+        elif len(data) == n_fields and data.keys() == field_set:
+            values = get_sorted(data)  # out of order: step (2) below reports it
+        else:
+            raise MalformedEntry(_field_defect(data), line=lineno, source=source)
         # Exact types, checked once per distinct combination (at most 2**15 of them).
         signature = tuple(map(type, values))
         if signature != last_signature and signature not in good_signatures:
@@ -250,28 +256,29 @@ def walk_lines(
                 raise MalformedEntry(defect, line=lineno, seq=_int_or_none(data["seq"]), source=source)
             good_signatures.add(signature)
         last_signature = signature
+        # The fields in key order (RFC 8785 order: code points, all ASCII).
         (
+            _,
+            _,
+            _,
+            _,
+            _,
+            detail,
+            epoch,
+            event,
+            entry_execution,
+            stated,
+            _,
+            _,
+            prev,
+            _,
             seq,
-            ts,
+            _,
             entry_session,
             _,
-            _,
-            entry_execution,
-            _,
-            event,
+            ts,
             _,
             _,
-            _,
-            _,
-            _,
-            _,
-            _,
-            _,
-            _,
-            epoch,
-            detail,
-            prev,
-            stated,
         ) = values
         if not 0 <= seq <= MAX_SAFE_INTEGER:
             raise MalformedEntry("seq is not a non-negative safe integer", line=lineno, source=source)
@@ -285,8 +292,11 @@ def walk_lines(
             raise MalformedEntry(
                 "ts is not RFC 3339 UTC with microseconds", line=lineno, seq=seq, source=source
             )
-        # (2) Byte for byte the RFC 8785 form.
-        if detail is None or is_plain_json(detail):
+        # (2) Byte for byte the RFC 8785 form. With the top-level keys already in order and
+        # no nested object, orjson's output in the dict's order is the sorted one.
+        if detail is None and in_order:
+            canonical = dumps(data)
+        elif detail is None or is_plain_json(detail):
             canonical = dumps(data, option=_SORT)
         else:
             try:
@@ -318,15 +328,16 @@ def walk_lines(
         # last ',"hash":"' is the top-level member: every member after it in key
         # order is a scalar, and string contents never hold an unescaped quote.
         cut = content.rfind(_HASH_MEMBER)
-        digest = sha256(prev_digest)
-        digest.update(content[:cut])
-        digest.update(content[cut + _HASH_MEMBER_LEN :])
-        computed = digest.hexdigest()
+        hashing = sha256(prev_digest)
+        hashing.update(content[:cut])
+        hashing.update(content[cut + _HASH_MEMBER_LEN :])
+        digest = hashing.digest()
+        computed = digest.hex()
         if computed != stated:
             raise HashMismatch(
                 f"hash {stated} is not the entry's hash {computed}", line=lineno, seq=seq, source=source
             )
-        prev_digest, prev_hash = digest.digest(), computed
+        prev_digest, prev_hash = digest, computed
         # (6) The shape of the chain.
         if closed:
             raise LifecycleViolation(

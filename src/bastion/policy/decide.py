@@ -317,14 +317,22 @@ def surface_reachable(
 
 
 def decide_surface(
-    snapshot: Snapshot, principal: Principal, kind: SurfaceKind, server: str, namespace: str, name: str
+    snapshot: Snapshot,
+    principal: Principal,
+    kind: SurfaceKind,
+    server: str,
+    namespace: str,
+    name: str,
+    arguments: Mapping[str, Any] | None = None,
 ) -> GrantDecision:
     """Decide one read, get or completion of ``name`` (upstream URI, template or prompt name).
 
-    The decision's ``limits`` are the caller's to take (``surface/limits.py``).
+    ``arguments`` (a ``prompts/get``'s) must satisfy some covering grant's ``arguments_schema``,
+    as a tool call's must. The decision's ``limits`` are the caller's to take (``surface/limits.py``).
 
     Raises:
         GrantDenied: no grant of this principal covers it (the caller answers "unknown").
+        ArgumentConstraintFailed: grants cover it, but every one's ``arguments_schema`` refuses.
     """
     version = snapshot.version
     if not snapshot.grants:
@@ -338,6 +346,18 @@ def decide_surface(
             server=server,
             policy_version=version,
         )
+    if arguments is not None:
+        violations = [(g.name, g.argument_violation(arguments)) for g in allowing]
+        if all(violation is not None for _, violation in violations):
+            grant, path = violations[0]
+            raise ArgumentConstraintFailed(
+                f"Arguments for {name} do not satisfy grant {grant}",
+                tool=name,
+                grant=grant,
+                schema_path=path,
+                policy_version=version,
+            )
+        allowing = [g for g, (_, violation) in zip(allowing, violations, strict=True) if violation is None]
     limits = tuple((g.name, g.rate) for g in allowing if g.rate is not None)
     return GrantDecision(DecisionBasis.GRANT, tuple(g.name for g in allowing), False, version, limits)
 

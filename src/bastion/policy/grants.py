@@ -128,9 +128,10 @@ class Grant:
     ``namespaces`` (at least one of the two is non-empty), and its upstream tool
     name matches one of ``tools`` (``fnmatch`` globs, case-sensitive).
     ``arguments_schema`` (JSON Schema, ``$schema`` honoured, 2020-12 by
-    default, ``format`` asserted) must accept the call's arguments.
-    ``require_execution_id`` and ``rate`` are obligations on every call the
-    grant allows. Whether the servers exist is checked by the snapshot.
+    default, ``format`` asserted) must accept the call's arguments (and a
+    ``prompts/get``'s). ``rate`` is an obligation on every call, read, get and
+    completion the grant allows, ``require_execution_id`` on every call.
+    Whether the servers exist is checked by the snapshot.
 
     Raises:
         ConfigError: empty or malformed fields, or a schema that is not valid JSON Schema.

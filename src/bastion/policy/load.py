@@ -99,7 +99,7 @@ _GATEWAY_KEYS = frozenset(
 )
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd"})
-_SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s", "transparent"}
+_SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s", "transparent", "audit_contents"}
 _AGENT_KEYS = frozenset({"token_sha256", "anonymous"})
 _SUBJECT_KEYS = frozenset(kind.value for kind in SubjectKind)
 _GRANT_KEYS = _SUBJECT_KEYS | {
@@ -367,6 +367,9 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
     transparent = table.get("transparent", False)
     if not isinstance(transparent, bool):
         raise ctx.error(f"{key}.transparent", "must be true or false")
+    audit_contents = table.get("audit_contents", False)
+    if not isinstance(audit_contents, bool):
+        raise ctx.error(f"{key}.audit_contents", "must be true or false")
     if has_url:
         stray = [other for other in sorted(_STDIO_KEYS) if other in table]
         if stray:
@@ -387,6 +390,7 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
             era=era,
             timeout_s=timeout_s,
             transparent=transparent,
+            audit_contents=audit_contents,
         )
     stray = [other for other in sorted(_HTTP_KEYS) if other in table]
     if stray:
@@ -408,6 +412,7 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
         cwd=cwd,
         timeout_s=timeout_s,
         transparent=transparent,
+        audit_contents=audit_contents,
     )
 
 

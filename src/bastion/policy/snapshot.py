@@ -127,6 +127,9 @@ class ServerSpec:
     # Transparent mode (issue 9 point 3): tools appear under their own names, no namespace
     # prefix; the namespace still names the server for grants and attachment.
     transparent: bool = False
+    # Issue 9: reads, gets and completions of this server keep their parameters and results in the
+    # audit entry, not only their digests (an operator's opt-in: contents are otherwise never stored).
+    audit_contents: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "headers", _frozen_map(self.headers))

@@ -94,6 +94,7 @@ __all__ = [
     "CredentialKind",
     "CredentialRecord",
     "ExecutionRecord",
+    "ExecutionStep",
     "GenerationBacklog",
     "GenerationRecord",
     "Readmitted",
@@ -141,6 +142,35 @@ class Readmitted:
 
 
 ReserveOutcome = Reserved | Readmitted
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionStep:
+    """An execution transition written in the same transaction as the audit entries that say so.
+
+    Given to :meth:`Store.append_entries` or :meth:`Store.open_chain`: the row of
+    ``(agent, execution_id)`` moves to ``target`` first, exactly as
+    :meth:`Store.mark_invoking`/:meth:`Store.record_outcome` would move it (same
+    refusals), and the entries are written only if it did: the row and its audit
+    entries are durable together or not at all. With ``reserve_binding`` (and
+    ``call_id``), the row is first reserved as :meth:`Store.reserve_execution`
+    reserves it (same refusals), then moved to ``target`` (``invoking``):
+    admission and the durable mark in one write.
+    """
+
+    agent: AgentId
+    execution_id: ExecutionId
+    target: ExecutionState
+    reserve_binding: str | None = None
+    call_id: CallId | None = None
+
+    def __post_init__(self) -> None:
+        if self.target in (ExecutionState.RESERVED, ExecutionState.RELEASED):
+            raise ValueError(f"a step moves a row to invoking or a terminal state, not {self.target}")
+        if self.reserve_binding is not None and (
+            self.target is not ExecutionState.INVOKING or self.call_id is None
+        ):
+            raise ValueError("a step that reserves first names its call_id and moves the row to invoking")
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,10 +533,12 @@ class Store(ReplicaRecords, TokenBucketStore, Protocol):
         epoch: Epoch,
         then: Sequence[AuditEntry] = (),
         closed_with_claim: Mapping[str, Any] | None = None,
+        step: ExecutionStep | None = None,
     ) -> ChainInfo:
         """With ``then``, those sealed entries (seq 1, 2, ...) are written in the same transaction;
         with ``closed_with_claim`` (the last of ``then`` being the close entry) the chain is
-        written closed, with its claim: a whole short-lived chain in one transaction.
+        written closed, with its claim: a whole short-lived chain in one transaction. With
+        ``step``, that execution transition is made in it too, first (see :class:`ExecutionStep`).
 
         Create the chain with its sealed genesis entry (``seq`` 0, ``prev`` 64 zeros) as root.
 
@@ -538,11 +570,15 @@ class Store(ReplicaRecords, TokenBucketStore, Protocol):
         *,
         worker: WorkerId,
         epoch: Epoch,
+        step: ExecutionStep | None = None,
     ) -> list[AuditEntry]:
         """Append one entry per builder, in order, all or none, in one transaction.
 
         Exactly :meth:`append_entry` applied to each builder in turn, atomically
         together (one fsync for one call's entries). Raises as :meth:`append_entry`.
+        With ``step``, that execution transition is made first, in the same
+        transaction, and raises as its own operation would (then nothing is written):
+        see :class:`ExecutionStep`.
         """
         ...
 

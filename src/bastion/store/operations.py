@@ -27,6 +27,7 @@ from bastion.store.base import (
     CredentialKind,
     CredentialRecord,
     ExecutionRecord,
+    ExecutionStep,
     GenerationBacklog,
     GenerationRecord,
     RecoveredExecution,
@@ -222,10 +223,11 @@ class StoreOperations(ReplicaRecordOperations):
         epoch: Epoch,
         then: Sequence[AuditEntry] = (),
         closed_with_claim: Mapping[str, Any] | None = None,
+        step: ExecutionStep | None = None,
     ) -> ChainInfo:
         following = tuple(then)
         return await self._write(
-            lambda: chains.open_chain(session_id, genesis, worker, epoch, following, closed_with_claim)
+            lambda: chains.open_chain(session_id, genesis, worker, epoch, following, closed_with_claim, step)
         )
 
     async def append_entry(
@@ -241,8 +243,9 @@ class StoreOperations(ReplicaRecordOperations):
         *,
         worker: WorkerId,
         epoch: Epoch,
+        step: ExecutionStep | None = None,
     ) -> list[AuditEntry]:
-        return await self._write(lambda: chains.append_entries(session_id, builds, worker, epoch))
+        return await self._write(lambda: chains.append_entries(session_id, builds, worker, epoch, step))
 
     async def read_chain(
         self, session_id: EvidenceSessionId, *, start_seq: int = 0, limit: int | None = None

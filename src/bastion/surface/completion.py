@@ -46,7 +46,7 @@ class CompletionPath:
         ref = params.get("ref")
         if not isinstance(ref, dict) or ref.get("type") not in ("ref/prompt", "ref/resource"):
             raise InvalidParams("Invalid params: completion/complete needs a ref/prompt or ref/resource ref")
-        record = AccessRecord(caller, "completion/complete", params, snapshot.version)
+        record = AccessRecord(caller, "completion/complete", params, snapshot)
         # (4) Route the reference and decide it; hidden is answered as unknown.
         if ref["type"] == "ref/prompt":
             name = ref.get("name")

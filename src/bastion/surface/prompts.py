@@ -16,7 +16,7 @@ from typing import Any
 
 from bastion.call import strip_reserved_meta
 from bastion.caller import Caller
-from bastion.errors import GrantDenied, InvalidParams, UnknownPrompt
+from bastion.errors import ArgumentConstraintFailed, GrantDenied, InvalidParams, UnknownPrompt
 from bastion.policy.decide import SurfaceKind, decide_surface, surface_visible
 from bastion.policy.snapshot import Snapshot
 from bastion.surface.limits import SurfaceLimits
@@ -56,11 +56,19 @@ class PromptPath:
         # One page: the merged catalog is in memory, as tools/list's is.
         return {"prompts": [dict(entry.definition) for entry in self.visible(caller, self._snapshot())]}
 
-    async def resolve(self, caller: Caller, snapshot: Snapshot, name: str, record: AccessRecord) -> ToolEntry:
-        """(4) The prompt this caller names, decided against ``snapshot``.
+    async def resolve(
+        self,
+        caller: Caller,
+        snapshot: Snapshot,
+        name: str,
+        record: AccessRecord,
+        arguments: dict[str, Any] | None = None,
+    ) -> ToolEntry:
+        """(4) The prompt this caller names, decided against ``snapshot`` (with ``arguments``, a get's).
 
         Raises:
             UnknownPrompt: no such prompt, or hidden by grants (then audited as ``grant_denied``).
+            ArgumentConstraintFailed: every covering grant's ``arguments_schema`` refuses (audited).
             RateLimited: an allowing grant's rate limit is spent (audited).
         """
         entry = self._fleet.lookup_prompt(name)
@@ -77,10 +85,14 @@ class PromptPath:
                 entry.server,
                 entry.namespace,
                 entry.upstream_name,
+                arguments,
             )
         except GrantDenied as exc:
             await record.refused(exc)
             raise unknown from None
+        except ArgumentConstraintFailed as exc:
+            await record.refused(exc)
+            raise
         await record.charge(self._limits, decision)
         return entry
 
@@ -97,9 +109,12 @@ class PromptPath:
         name = params.get("name")
         if not isinstance(name, str):
             raise InvalidParams("Invalid params: prompts/get needs a string name")
-        record = AccessRecord(caller, "prompts/get", params, snapshot.version)
+        record = AccessRecord(caller, "prompts/get", params, snapshot)
         # (4) Grant decision: hidden is answered as unknown; the audit keeps grant_denied.
-        entry = await self.resolve(caller, snapshot, name, record)
+        arguments = params.get("arguments")
+        if arguments is not None and not isinstance(arguments, dict):
+            raise InvalidParams("Invalid params: prompts/get arguments must be an object")
+        entry = await self.resolve(caller, snapshot, name, record, arguments or {})
         # (7) Invoke on the caller's own upstream session; (8) the entry, then the answer, whose
         #     embedded resources name URIs as the caller knows them.
         request = {**strip_reserved_meta(params), "name": entry.upstream_name}

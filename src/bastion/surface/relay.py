@@ -30,6 +30,7 @@ from bastion.surface.limits import SurfaceLimits
 from bastion.surface.uris import UriTarget, resolve_uri
 from bastion.upstream.base import CallContext, Upstream, UpstreamReplied
 from bastion.upstream.fleet import UpstreamFleet
+from bastion.wire_value import wire_problem
 
 __all__ = [
     "AccessRecord",
@@ -57,8 +58,11 @@ def upstream_context(caller: Caller, snapshot: Snapshot, server: str) -> CallCon
 class AccessRecord:
     """The audit entry of one read, get or completion: written once, before the answer."""
 
-    def __init__(self, caller: Caller, method: str, params: dict[str, Any], policy_version: str) -> None:
+    def __init__(self, caller: Caller, method: str, params: dict[str, Any], snapshot: Snapshot) -> None:
         self._caller = caller
+        self._snapshot = snapshot
+        self._params = {k: v for k, v in params.items() if k != "_meta"}
+        self._contents = False  # the server's audit_contents opt-in, known once the target is
         self.call_id = new_call_id()
         self._fields: dict[str, Any] = {
             "call_id": self.call_id,
@@ -66,9 +70,9 @@ class AccessRecord:
             "execution_id": None,
             "server": None,
             "tool": None,
-            "args_digest": digest_json({k: v for k, v in params.items() if k != "_meta"}),
+            "args_digest": digest_json(self._params),
             "binding": None,
-            "policy_version": policy_version,
+            "policy_version": snapshot.version,
         }
         self.method = method
 
@@ -76,6 +80,8 @@ class AccessRecord:
         """What the request is about: the server and the upstream URI, template or prompt name."""
         self._fields["server"] = server
         self._fields["tool"] = name
+        spec = self._snapshot.servers.get(server)
+        self._contents = spec is not None and spec.audit_contents
 
     async def charge(self, limits: SurfaceLimits | None, decision: GrantDecision) -> None:
         """Take the decision's rate-limit tokens, keyed by this method.
@@ -104,13 +110,24 @@ class AccessRecord:
             AuditEvent.COMPLETED,
             decision=Decision.ALLOW.value,
             outcome="completed",
-            result_digest=digest_json(result),
+            result=result,
         )
 
-    async def _write(self, event: AuditEvent, *, result_digest: str | None = None, **extra: Any) -> None:
+    async def _write(self, event: AuditEvent, *, result: dict[str, Any] | None = None, **extra: Any) -> None:
         detail: dict[str, Any] = {"method": self.method}
-        if result_digest is not None:
-            detail["result_digest"] = result_digest
+        if result is not None:
+            detail["result_digest"] = digest_json(result)
+        if self._contents:
+            # The server opted in (``audit_contents``): the request and the answer themselves, where
+            # they have a canonical form; otherwise the digests stand alone and the entry says why.
+            for key, value in (("params", self._params), ("result", result)):
+                if value is None:
+                    continue
+                problem = wire_problem(value)
+                if problem is None:
+                    detail[key] = value
+                else:
+                    detail[f"{key}_left_out"] = problem
         scope = self._caller.evidence
         try:
             await scope.record_many([(event, {**self._fields, **extra, "detail": detail})], durable=False)

@@ -110,7 +110,7 @@ class ResourcePath:
         uri = params.get("uri")
         if not isinstance(uri, str):
             raise InvalidParams("Invalid params: resources/read needs a string uri")
-        record = AccessRecord(caller, "resources/read", params, snapshot.version)
+        record = AccessRecord(caller, "resources/read", params, snapshot)
         # (4) Grant decision: hidden is answered as unknown; the audit keeps grant_denied.
         server, target = await decide_resource(self._fleet, snapshot, caller, uri, record, self._limits)
         upstream = self._fleet.upstreams[server]

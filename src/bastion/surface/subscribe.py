@@ -79,7 +79,7 @@ class SubscribePath:
         uri = params.get("uri")
         if not isinstance(uri, str):
             raise InvalidParams(f"Invalid params: {method} needs a string uri")
-        record = AccessRecord(caller, method, params, snapshot.version)
+        record = AccessRecord(caller, method, params, snapshot)
         # (4) Grant decision: hidden is answered as unknown; the audit keeps grant_denied.
         server, target = await decide_resource(self._fleet, snapshot, caller, uri, record, self._limits)
         subscriber = self._session_subscriber(caller)
@@ -144,7 +144,7 @@ class SubscribePath:
             await close_upstream_sessions(self._fleet, holder)
 
     async def _listen_one(self, caller: Caller, snapshot: Snapshot, subscriber: Subscriber, uri: str) -> bool:
-        record = AccessRecord(caller, "subscriptions/listen", {"uri": uri}, snapshot.version)
+        record = AccessRecord(caller, "subscriptions/listen", {"uri": uri}, snapshot)
         try:
             server, target = await decide_resource(self._fleet, snapshot, caller, uri, record, self._limits)
         except (UnknownResource, RateLimited):

@@ -14,6 +14,10 @@ process at one step of an execution's life:
   (``before:record_outcome``: the upstream answered, the terminal write never
   happened).
 
+A chain write that carries an execution transition (``step``: the durable
+``invoking`` mark or the terminal state, written with their audit entries in
+one transaction) is that transition's step here.
+
 Only calls that carry an execution id trigger it (``execution_id`` narrows it to
 one value, ``agent`` to one agent), so start-up writes never do. The kill is
 the real ``kill -9`` of DESIGN section 3's recovery rule: no ``finally`` runs,
@@ -25,13 +29,17 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, get_args
 
 from bastion.admission.states import ExecutionState
-from bastion.ids import AgentId, CallId, Epoch, ExecutionId, WorkerId
+from bastion.audit.entry import AuditEntry
+from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
 from bastion.store.base import (
+    AppendBuilder,
+    ChainInfo,
     ExecutionRecord,
+    ExecutionStep,
     ReserveOutcome,
     Store,
 )
@@ -93,6 +101,55 @@ class CrashingStore:
         if not self.before:
             self._kill()
         return result
+
+    async def append_entries(
+        self,
+        session_id: EvidenceSessionId,
+        builds: Sequence[AppendBuilder],
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+        step: ExecutionStep | None = None,
+    ) -> list[AuditEntry]:
+        def call() -> Awaitable[list[AuditEntry]]:
+            return self.inner.append_entries(session_id, builds, worker=worker, epoch=epoch, step=step)
+
+        return await self._step_guard(step, call)
+
+    async def open_chain(
+        self,
+        session_id: EvidenceSessionId,
+        genesis: AuditEntry,
+        *,
+        worker: WorkerId,
+        epoch: Epoch,
+        then: Sequence[AuditEntry] = (),
+        closed_with_claim: Mapping[str, Any] | None = None,
+        step: ExecutionStep | None = None,
+    ) -> ChainInfo:
+        def call() -> Awaitable[ChainInfo]:
+            return self.inner.open_chain(
+                session_id,
+                genesis,
+                worker=worker,
+                epoch=epoch,
+                then=then,
+                closed_with_claim=closed_with_claim,
+                step=step,
+            )
+
+        return await self._step_guard(step, call)
+
+    async def _step_guard(self, step: ExecutionStep | None, call: Callable[[], Awaitable[T]]) -> T:
+        """A chain write carrying an execution transition is that transition's step (and, when
+        it reserves first, the reservation's too: the kill comes before or after the one write)."""
+        if step is None:
+            return await call()
+        ops: tuple[CrashOp, ...] = ("record_outcome",)
+        if step.target is ExecutionState.INVOKING:
+            ops = ("reserve_execution", "mark_invoking") if step.reserve_binding else ("mark_invoking",)
+        op = self.op if self.op in ops else ops[0]
+        return await self._guard(op, step.agent, step.execution_id, call)
 
     def __getattr__(self, name: str) -> Any:
         # Every other operation passes straight through: this wrapper intercepts the four

@@ -9,7 +9,10 @@ from one write operation:
   is told it failed (the honest shape of a lost acknowledgement).
 
 It does so ``times`` times (``None``: until :meth:`FaultyStore.recover`), then
-passes every call through. Reads always pass through. Never use it outside tests.
+passes every call through. Reads always pass through. A chain write that carries
+an execution transition (``step``) answers to that transition's fail point too
+(``mark_invoking``, ``record_outcome``; ``reserve_execution`` when it reserves
+first). Never use it outside tests.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from bastion.store.base import (
     CredentialKind,
     CredentialRecord,
     ExecutionRecord,
+    ExecutionStep,
     GenerationBacklog,
     GenerationRecord,
     RecoveredExecution,
@@ -105,8 +109,10 @@ class FaultyStore(ReplicaRecordsPassthrough):
         """Arm the same fail point again for ``times`` more calls (``None``: until :meth:`recover`)."""
         self._remaining = times
 
-    async def _guard(self, name: FailPoint, call: Callable[[], Awaitable[T]]) -> T:
-        if name != self.fail_at or not self.armed:
+    async def _guard(
+        self, name: FailPoint, call: Callable[[], Awaitable[T]], *, also: tuple[FailPoint, ...] = ()
+    ) -> T:
+        if (name != self.fail_at and self.fail_at not in also) or not self.armed:
             return await call()
         if self._remaining is not None:
             self._remaining -= 1
@@ -276,6 +282,7 @@ class FaultyStore(ReplicaRecordsPassthrough):
         epoch: Epoch,
         then: Sequence[AuditEntry] = (),
         closed_with_claim: Mapping[str, Any] | None = None,
+        step: ExecutionStep | None = None,
     ) -> ChainInfo:
         return await self._guard(
             "open_chain",
@@ -286,7 +293,9 @@ class FaultyStore(ReplicaRecordsPassthrough):
                 epoch=epoch,
                 then=then,
                 closed_with_claim=closed_with_claim,
+                step=step,
             ),
+            also=_step_points(step),
         )
 
     async def append_entry(
@@ -303,10 +312,14 @@ class FaultyStore(ReplicaRecordsPassthrough):
         *,
         worker: WorkerId,
         epoch: Epoch,
+        step: ExecutionStep | None = None,
     ) -> list[AuditEntry]:
-        # The same fail point as append_entry: both are "an audit append".
+        # The same fail point as append_entry: both are "an audit append". With a step, the
+        # transition's own fail point too: the write is both.
         return await self._guard(
-            "append_entry", lambda: self.inner.append_entries(session_id, builds, worker=worker, epoch=epoch)
+            "append_entry",
+            lambda: self.inner.append_entries(session_id, builds, worker=worker, epoch=epoch, step=step),
+            also=_step_points(step),
         )
 
     async def read_chain(
@@ -426,3 +439,12 @@ class FaultyStore(ReplicaRecordsPassthrough):
 def _conforms(store: FaultyStore) -> Store:
     """Let mypy check that the wrapper implements the whole contract."""
     return store
+
+
+def _step_points(step: ExecutionStep | None) -> tuple[FailPoint, ...]:
+    """The fail points of the execution transition a chain write carries, if any."""
+    if step is None:
+        return ()
+    if step.target is ExecutionState.INVOKING:
+        return ("reserve_execution", "mark_invoking") if step.reserve_binding else ("mark_invoking",)
+    return ("record_outcome",)

@@ -42,6 +42,7 @@ class ResponseChannel:
         sse_allowed: bool,
         headers: Mapping[str, str] | None = None,
         open_stream: Callable[[], EventStream] | None = None,
+        priming: bool = False,
     ) -> None:
         self._send = send
         self.sse_allowed = sse_allowed
@@ -52,6 +53,8 @@ class ResponseChannel:
         self.broken = False
         # Session era: where SSE events are numbered and kept for resumption (None: no ids).
         self._open_stream = open_stream
+        # The session negotiated 2025-11-25 or later: its streams prime, and may be paused.
+        self._priming = priming and open_stream is not None
         self._stream: EventStream | None = None
         self._reader = 0
         # The POST response ended mid-call (the upstream's polling close, mirrored): events are
@@ -137,11 +140,12 @@ class ResponseChannel:
     async def pause(self, retry_ms: int | None) -> None:
         """End the POST response mid-call, as the upstream ended its stream to be polled (SEP-1699).
 
-        Session era only (events need ids to resume from): the stream's priming event tells the
+        Sessions of 2025-11-25 or later only (events need ids, and the client must know polling):
+        the stream's priming event tells the
         client where to resume and when; everything after it, the answer included, goes to the
         client's GET with ``Last-Event-ID``. Elsewhere the answer simply stays on this response.
         """
-        if not self.sse_allowed or self._open_stream is None or self.finished or self.broken:
+        if not self.sse_allowed or not self._priming or self.finished or self.broken:
             return
         async with self._lock:
             if self.finished or self._detached:
@@ -161,8 +165,9 @@ class ResponseChannel:
         if self._open_stream is not None:
             self._stream = self._open_stream()
             self._reader = self._stream.attach()
-            priming = priming_frame(self._stream.event_id(self._stream.last_number()), retry_ms)
-            await self._send({"type": "http.response.body", "body": priming, "more_body": True})
+            if self._priming:
+                priming = priming_frame(self._stream.event_id(self._stream.last_number()), retry_ms)
+                await self._send({"type": "http.response.body", "body": priming, "more_body": True})
 
     def _sse_headers(self) -> list[tuple[bytes, bytes]]:
         return SSE_HEADERS + self._headers

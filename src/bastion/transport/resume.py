@@ -4,9 +4,9 @@
 without ``Last-Event-ID`` opens the session's server stream from now on; a GET
 with one replays exactly the events after it on the stream it came from (the
 GET stream, or a POST response stream the client lost) and continues that
-stream live. Every GET opens with a priming event (``transport/sse_out.py``)
-naming where it starts. A response stream ends once its response went out. The id is
-looked up only among this session's streams (``session/replay.py``), so
+stream live. Every GET of a 2025-11-25 session opens with a priming event
+(``transport/sse_out.py``) naming where it starts. A response stream ends once
+its response went out. The id is looked up only among this session's streams (``session/replay.py``), so
 another session's id, an unknown one or one whose successors are gone is
 refused (``LastEventIdUnknown``, 400) before anything is sent.
 """
@@ -19,7 +19,7 @@ from starlette.types import Receive, Send
 from bastion.errors import LastEventIdUnknown
 from bastion.session.replay import EventStream
 from bastion.session.state import TransportSession
-from bastion.transport.sse_out import SSE_HEADERS, priming_frame, sse_frame
+from bastion.transport.sse_out import SSE_HEADERS, primes, priming_frame, sse_frame
 from bastion.transport.wire import watch_disconnect
 
 __all__ = ["serve_event_stream"]
@@ -50,9 +50,10 @@ async def serve_event_stream(
         }
     )
     try:
-        # Where this reader stands, so a drop before the next event still resumes exactly.
-        priming = priming_frame(stream.event_id(cursor))
-        await send({"type": "http.response.body", "body": priming, "more_body": True})
+        if primes(transport_session.protocol_version):
+            # Where this reader stands, so a drop before the next event still resumes exactly.
+            priming = priming_frame(stream.event_id(cursor))
+            await send({"type": "http.response.body", "body": priming, "more_body": True})
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_disconnect, receive, tg.cancel_scope)
             while not transport_session.terminated and stream.is_current(reader):

@@ -14,15 +14,25 @@ priming event is invisible to anything but the resumption machinery.
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_RETRY_MS", "SSE_HEADERS", "priming_frame", "sse_frame"]
+__all__ = ["DEFAULT_RETRY_MS", "MAX_RETRY_MS", "SSE_HEADERS", "primes", "priming_frame", "sse_frame"]
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache, no-transform"),
     (b"x-accel-buffering", b"no"),
 ]
-# How long a client waits before reconnecting, unless the upstream of a call asked for its own.
+# How long a client waits before reconnecting, unless the upstream of a call asked for its own;
+# an upstream's hint is passed on within the bound Bastion keeps for itself (upstream/resume.py).
 DEFAULT_RETRY_MS = 1000
+MAX_RETRY_MS = 5000
+# Priming events came with 2025-11-25 (SEP-1699); like the reference servers, Bastion primes only
+# the streams of sessions that negotiated it or later (an older client may choke on empty data).
+_PRIMING_SINCE = "2025-11-25"
+
+
+def primes(protocol_version: str) -> bool:
+    """Whether a session that negotiated ``protocol_version`` gets priming events (and polling)."""
+    return protocol_version >= _PRIMING_SINCE
 
 
 def sse_frame(payload: bytes, event_id: str | None = None) -> bytes:
@@ -33,5 +43,5 @@ def sse_frame(payload: bytes, event_id: str | None = None) -> bytes:
 
 def priming_frame(event_id: str, retry_ms: int | None = None) -> bytes:
     """The event a stream opens with: an id to resume from, the reconnection delay, empty data."""
-    retry = DEFAULT_RETRY_MS if retry_ms is None else max(int(retry_ms), 0)
+    retry = DEFAULT_RETRY_MS if retry_ms is None else min(max(int(retry_ms), 0), MAX_RETRY_MS)
     return b"id: " + event_id.encode() + b"\nretry: " + str(retry).encode() + b"\ndata: \n\n"

@@ -51,6 +51,9 @@ _ACCEPT = "application/json, text/event-stream"
 _REPLAYS_AFTER_404 = 2
 _STREAM_BACKOFF_S = (0.1, 5.0)
 _DELETE_TIMEOUT_S = 2.0
+# An answer the gateway let go mid-call (its upstream's polling close, SEP-1699) is fetched again
+# with GET and Last-Event-ID; at most this many times in a row.
+_ANSWER_RESUMES = 5
 _INTERNAL_ERROR = -32603
 
 
@@ -270,10 +273,32 @@ class StdioAdapter:
     async def _relay(self, request_id: Any, response: httpx.Response) -> Message:
         """The reply to ``request_id``; whatever the gateway streams before it goes to the client."""
         if response.headers.get("content-type", "").startswith("text/event-stream"):
-            async for _, message in _sse_messages(response.aiter_lines()):
-                if _is_reply(message) and message.get("id") == request_id:
-                    return message
-                await self._to_client(message)
+            last_event_id: str | None = None
+            stream = response
+            async with contextlib.AsyncExitStack() as resumed:
+                for _ in range(_ANSWER_RESUMES + 1):
+                    async for event_id, message in _sse_messages(stream.aiter_lines()):
+                        last_event_id = event_id or last_event_id
+                        if message is None:
+                            continue  # a priming event: only where to resume from
+                        if _is_reply(message) and message.get("id") == request_id:
+                            return message
+                        await self._to_client(message)
+                    # Ended without the answer: the gateway let the stream go mid-call, and the
+                    # rest waits on that stream for a GET with Last-Event-ID.
+                    if last_event_id is None or self._session_id is None:
+                        break
+                    headers = self._headers(
+                        self._session_id, self._credential.authorization(), accept="text/event-stream"
+                    )
+                    headers.pop("content-type")
+                    headers["last-event-id"] = last_event_id
+                    await resumed.aclose()
+                    stream = await resumed.enter_async_context(
+                        self._http.stream("GET", self._url, headers=headers)
+                    )
+                    if stream.status_code != 200:
+                        break
             return _error(
                 request_id,
                 _INTERNAL_ERROR,
@@ -367,7 +392,8 @@ class StdioAdapter:
                             delay = _STREAM_BACKOFF_S[0]
                             async for event_id, message in _sse_messages(response.aiter_lines()):
                                 last_event_id = event_id or last_event_id
-                                await self._to_client(message)
+                                if message is not None:
+                                    await self._to_client(message)
                 except httpx.HTTPError:
                     pass
             await anyio.sleep(delay)
@@ -410,16 +436,21 @@ async def _lines(stdin: anyio.AsyncFile[bytes]) -> AsyncIterator[bytes]:
         yield line
 
 
-async def _sse_messages(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, Message]]:
-    """``(event id, JSON-RPC message)`` per SSE event with data; comments and priming events are skipped."""
+async def _sse_messages(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, Message | None]]:
+    """``(event id, JSON-RPC message)`` per SSE event; a priming event (an id, empty data) gives
+    ``(id, None)``: no message, but where to resume from. Comments are skipped."""
     data: list[str] = []
     event_id: str | None = None
     async for raw in lines:
         line = raw.rstrip("\r\n")
         if line == "":
-            if "\n".join(data):  # empty data (a priming event) is not dispatched, as SSE says
+            payload = "\n".join(data)
+            if not payload:
+                if event_id:
+                    yield event_id, None  # not dispatched (SSE), but its id counts
+            else:
                 try:
-                    message = json.loads("\n".join(data))
+                    message = json.loads(payload)
                 except ValueError:
                     message = None
                 if isinstance(message, dict):

@@ -73,6 +73,7 @@ from bastion.transport.jsonrpc import (
 from bastion.transport.rebinding import check_host_and_origin
 from bastion.transport.relay import StreamRelay
 from bastion.transport.resume import serve_event_stream
+from bastion.transport.sse_out import primes
 from bastion.transport.wire import accepted, meta_of, read_body, reject, watch_disconnect
 from bastion.upstream.base import UpstreamReplied
 from bastion.versions import (
@@ -344,6 +345,7 @@ class FrontDoor:
             send,
             sse_allowed=sse_allowed,
             open_stream=None if transport_session is None else transport_session.streams.open_response_stream,
+            priming=transport_session is not None and primes(transport_session.protocol_version),
         )
         caller = caller.with_relay(StreamRelay(channel, transport_session))
         sessionless = transport_session is None

@@ -33,7 +33,13 @@ from anyio.streams.text import TextReceiveStream
 
 from bastion import __version__
 from bastion.children import guarded_command
-from bastion.errors import OutcomeUnknown, UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from bastion.errors import (
+    OutcomeUnknown,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from bastion.policy.snapshot import ServerSpec
 from bastion.upstream.base import (
     RESOURCE_UPDATED,
@@ -94,6 +100,8 @@ class StdioUpstream:
         self.on_surface_changed: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
         # Set by the gateway (surface/subscriptions.py): resources/updated from this process.
         self.on_resource_updated: ResourceUpdatedCallback | None = None
+        # URIs subscribed on this process (counted by the gateway): made again after a restart.
+        self._resource_subscriptions: set[str] = set()
         self._backoff = restart_backoff_s
         self._on_process_event = on_process_event
         self._ids = itertools.count(1)
@@ -178,6 +186,8 @@ class StdioUpstream:
                 tg.start_soon(self._drain_stderr, process)
                 tg.start_soon(self._read_loop, process, tg.cancel_scope)
                 await self._handshake()
+                if self._resource_subscriptions:
+                    tg.start_soon(self._subscribe_again, set(self._resource_subscriptions))
                 self._ready.set()
                 self._detail = None
                 await process.wait()
@@ -476,9 +486,20 @@ class StdioUpstream:
 
     async def subscribe_resource(self, uri: str, ctx: CallContext) -> None:
         await self.call("resources/subscribe", {"uri": uri}, ctx)
+        self._resource_subscriptions.add(uri)
 
     async def unsubscribe_resource(self, uri: str, ctx: CallContext) -> None:
+        self._resource_subscriptions.discard(uri)
         await self.call("resources/unsubscribe", {"uri": uri}, ctx)
+
+    async def _subscribe_again(self, uris: set[str]) -> None:
+        """A restarted process knows no subscription: the ones the gateway holds are made again."""
+        for uri in sorted(uris):
+            try:
+                with anyio.fail_after(self.spec.timeout_s or 30.0):
+                    await self._request_raw("resources/subscribe", {"uri": uri}, RequestRelay(None, None), {})
+            except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
+                logger.warning("upstream %s: subscribing to %s again failed: %s", self.name, uri, exc)
 
 
 def _cancel_reason(pending: _Pending) -> str:

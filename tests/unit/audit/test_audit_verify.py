@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -184,6 +185,17 @@ def test_other_spellings_of_the_same_entries_are_refused(change: Any) -> None:
     """CRLF, extra whitespace or lines, other numbers, wrong types, duplicate keys, escapes: refused."""
     with pytest.raises(VerificationError):
         verify_bundle(change(VALID_BUNDLE).splitlines(keepends=True), key=KEY)
+
+
+@pytest.mark.parametrize("line", [1, 3])
+def test_an_entry_with_its_keys_out_of_order_is_not_canonical(line: int) -> None:
+    """An entry whose members are all there but not in RFC 8785 key order is refused as not canonical."""
+    lines = VALID_BUNDLE.splitlines(keepends=True)
+    entry = orjson.loads(lines[line - 1])
+    lines[line - 1] = orjson.dumps(dict(reversed(entry.items()))) + b"\n"
+    with pytest.raises(NotCanonical) as caught:
+        verify_bundle(lines, key=KEY)
+    assert caught.value.line == line
 
 
 def test_a_missing_final_newline_is_accepted() -> None:

@@ -448,6 +448,12 @@ INVALID = [
         "missing key",
         id="missing-agent-token",
     ),
+    pytest.param(
+        MINIMAL + 'audit_contents = "yes"\n',
+        "servers.notes.audit_contents",
+        "must be true or false",
+        id="audit-contents-not-a-boolean",
+    ),
 ]
 
 
@@ -629,3 +635,12 @@ def test_snapshot_is_immutable(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         snapshot.servers["notes"].env["NOTES_MODE"] = "x"  # type: ignore[index]
     assert snapshot.servers["notes"].env["NOTES_MODE"] == "demo"
+
+
+def test_audit_contents_is_off_unless_a_server_opts_in(tmp_path: Path) -> None:
+    """Reads and gets keep digests only by default; ``audit_contents = true`` opts one server in."""
+    snapshot = load_snapshot(
+        write(tmp_path, MINIMAL + "audit_contents = true\n[servers.other]\ncommand = 'x'\n")
+    )
+    assert snapshot.servers["notes"].audit_contents is True
+    assert snapshot.servers["other"].audit_contents is False

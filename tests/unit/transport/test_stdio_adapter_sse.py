@@ -18,12 +18,12 @@ async def _lines(body: bytes) -> AsyncIterator[str]:
         yield line
 
 
-async def test_a_priming_event_is_skipped_silently_and_the_next_message_keeps_its_id(
+async def test_a_priming_event_gives_its_id_without_a_message_or_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """An event with an id and empty data is no message and no warning; the message after it arrives."""
+    """An event with an id and empty data is no message and no warning, but its id is kept to resume from."""
     body = priming_frame("k-0", 500) + sse_frame(b'{"jsonrpc":"2.0","id":1,"result":{}}', "k-1")
     with caplog.at_level(logging.WARNING, logger="bastion.transport.stdio_adapter"):
         messages = [item async for item in _sse_messages(_lines(body))]
-    assert messages == [("k-1", {"jsonrpc": "2.0", "id": 1, "result": {}})]
+    assert messages == [("k-0", None), ("k-1", {"jsonrpc": "2.0", "id": 1, "result": {}})]
     assert caplog.records == []

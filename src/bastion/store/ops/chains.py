@@ -13,7 +13,8 @@ from typing import Any
 from bastion.audit.entry import GENESIS_PREV, AuditEntry
 from bastion.errors import Conflict
 from bastion.ids import Epoch, EvidenceSessionId, WorkerId
-from bastion.store.base import AppendBuilder, ChainInfo
+from bastion.store.base import AppendBuilder, ChainInfo, ExecutionStep
+from bastion.store.ops.executions import apply_step
 from bastion.store.ops.workers import fence
 from bastion.store.rows import SELECT_CHAIN, chain_from_row, check_link, dumps, entry_json
 from bastion.store.statements import Op, execute, one
@@ -41,6 +42,15 @@ def append(
     session_id: EvidenceSessionId, build: AppendBuilder, worker: WorkerId, epoch: Epoch
 ) -> Op[AuditEntry]:
     """Append one link under the chain's row lock (the caller fenced the writer)."""
+    return (yield from append_links(session_id, (build,), worker, epoch))[0]
+
+
+def append_links(
+    session_id: EvidenceSessionId, builds: Sequence[AppendBuilder], worker: WorkerId, epoch: Epoch
+) -> Op[list[AuditEntry]]:
+    """Append links in order under the chain's row lock, read once; the head is written once."""
+    if not builds:
+        return []
     head = yield from one(
         "SELECT head_seq, head_hash, closed FROM chains WHERE session_id = ?", session_id, lock="FOR UPDATE"
     )
@@ -48,26 +58,33 @@ def append(
         raise Conflict("unknown audit chain", session_id=session_id)
     if head[2]:
         raise Conflict("audit chain is closed", session_id=session_id)
-    entry = build(head[0] + 1, head[1])
-    check_link(entry, session_id, head[0] + 1, head[1])
-    yield from _insert_entry(entry, entry_json(entry), worker, epoch)
+    seq, prev = head[0], head[1]
+    appended = []
+    for build in builds:
+        entry = build(seq + 1, prev)
+        check_link(entry, session_id, seq + 1, prev)
+        yield from _insert_entry(entry, entry_json(entry), worker, epoch)
+        assert entry.hash is not None  # check_link refuses an unsealed entry
+        seq, prev = entry.seq, entry.hash
+        appended.append(entry)
     yield from execute(
-        "UPDATE chains SET head_seq = ?, head_hash = ? WHERE session_id = ?",
-        entry.seq,
-        entry.hash,
-        session_id,
+        "UPDATE chains SET head_seq = ?, head_hash = ? WHERE session_id = ?", seq, prev, session_id
     )
-    return entry
+    return appended
 
 
 def append_entries(
-    session_id: EvidenceSessionId, builds: Sequence[AppendBuilder], worker: WorkerId, epoch: Epoch
+    session_id: EvidenceSessionId,
+    builds: Sequence[AppendBuilder],
+    worker: WorkerId,
+    epoch: Epoch,
+    step: ExecutionStep | None = None,
 ) -> Op[list[AuditEntry]]:
-    yield from fence(worker, epoch)
-    appended = []
-    for build in builds:
-        appended.append((yield from append(session_id, build, worker, epoch)))
-    return appended
+    generation = yield from fence(worker, epoch)
+    if step is not None:
+        # The transition first: refused, it raises and nothing of this write remains.
+        yield from apply_step(step, generation, worker, epoch)
+    return (yield from append_links(session_id, builds, worker, epoch))
 
 
 def open_chain(
@@ -77,11 +94,14 @@ def open_chain(
     epoch: Epoch,
     then: Sequence[AuditEntry],
     closed_with_claim: Mapping[str, Any] | None,
+    step: ExecutionStep | None = None,
 ) -> Op[ChainInfo]:
     check_link(genesis, session_id, 0, GENESIS_PREV)
     following = [(entry, entry_json(entry)) for entry in then]
     claim_json = None if closed_with_claim is None else dumps(closed_with_claim)
     generation = yield from fence(worker, epoch)
+    if step is not None:
+        yield from apply_step(step, generation, worker, epoch)
     if (yield from one("SELECT 1 FROM chains WHERE session_id = ?", session_id)) is not None:
         raise Conflict("audit chain already exists", session_id=session_id)
     yield from execute(

@@ -14,7 +14,14 @@ from dataclasses import replace
 from bastion.admission.states import ExecutionState, check_transition
 from bastion.errors import Conflict, ExecutionCollision, ExecutionInFlight, ExecutionReplay
 from bastion.ids import AgentId, CallId, Epoch, ExecutionId, WorkerId
-from bastion.store.base import ExecutionRecord, Readmitted, RecoveredExecution, Reserved, ReserveOutcome
+from bastion.store.base import (
+    ExecutionRecord,
+    ExecutionStep,
+    Readmitted,
+    RecoveredExecution,
+    Reserved,
+    ReserveOutcome,
+)
 from bastion.store.ops.workers import fence
 from bastion.store.rows import SELECT_EXECUTION, execution_from_row
 from bastion.store.statements import Op, execute, one, rows
@@ -33,15 +40,36 @@ def reserve_execution(
     agent: AgentId, execution_id: ExecutionId, binding: str, call_id: CallId, worker: WorkerId, epoch: Epoch
 ) -> Op[ReserveOutcome]:
     generation = yield from fence(worker, epoch)
+    return (yield from reserve_fenced(agent, execution_id, binding, call_id, generation, worker, epoch))
+
+
+def reserve_fenced(
+    agent: AgentId,
+    execution_id: ExecutionId,
+    binding: str,
+    call_id: CallId,
+    generation: str,
+    worker: WorkerId,
+    epoch: Epoch,
+    *,
+    then: ExecutionState = ExecutionState.RESERVED,
+) -> Op[ReserveOutcome]:
+    """:func:`reserve_execution` for a writer already fenced (as ``generation``) in this transaction.
+
+    ``then``: the state the reserved row moves on to in the same statement (``invoking``),
+    as though reserved first and then moved: one statement, never a visible ``reserved``.
+    """
+    if then is not ExecutionState.RESERVED:
+        check_transition(ExecutionState.RESERVED, then)
+    state = then
     row = yield from select_execution(agent, execution_id, lock=True)
     if row is None:
         check_transition(None, ExecutionState.RESERVED)
         yield from execute(
             "INSERT INTO executions (agent, execution_id, binding, state, call_id, generation, worker, epoch)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            agent, execution_id, binding, ExecutionState.RESERVED.value, call_id, generation, worker, epoch,
+            agent, execution_id, binding, state.value, call_id, generation, worker, epoch,
         )  # fmt: skip
-        state = ExecutionState.RESERVED
         return Reserved(
             ExecutionRecord(agent, execution_id, binding, state, call_id, generation, worker, epoch)
         )
@@ -57,13 +85,13 @@ def reserve_execution(
     yield from execute(
         "UPDATE executions SET state = ?, call_id = ?, generation = ?, worker = ?, epoch = ?"
         " WHERE agent = ? AND execution_id = ?",
-        ExecutionState.RESERVED.value, call_id, generation, worker, epoch, agent, execution_id,
+        state.value, call_id, generation, worker, epoch, agent, execution_id,
     )  # fmt: skip
     # The row as written, without reading it back: one statement less per reservation.
     return Readmitted(
         replace(
             row,
-            state=ExecutionState.RESERVED,
+            state=state,
             call_id=call_id,
             generation=generation,
             worker=worker,
@@ -77,6 +105,18 @@ def transition(
 ) -> Op[ExecutionRecord]:
     generation = yield from fence(worker, epoch)
     row = yield from select_execution(agent, execution_id, lock=True)
+    return (yield from _move(row, agent, execution_id, target, generation, worker, epoch))
+
+
+def _move(
+    row: ExecutionRecord | None,
+    agent: AgentId,
+    execution_id: ExecutionId,
+    target: ExecutionState,
+    generation: str,
+    worker: WorkerId,
+    epoch: Epoch,
+) -> Op[ExecutionRecord]:
     if row is None:
         raise Conflict("no such execution", execution_id=execution_id)
     if row.generation != generation:
@@ -84,6 +124,25 @@ def transition(
     check_transition(row.state, target)
     yield from execute(_UPDATE_STATE, target.value, worker, epoch, agent, execution_id)
     return replace(row, state=target, worker=worker, epoch=epoch)
+
+
+def apply_step(step: ExecutionStep, generation: str, worker: WorkerId, epoch: Epoch) -> Op[ExecutionRecord]:
+    """Make ``step`` (reserving first when it says so) for a writer fenced as ``generation``."""
+    if step.reserve_binding is not None:
+        assert step.call_id is not None
+        reserved = yield from reserve_fenced(
+            step.agent,
+            step.execution_id,
+            step.reserve_binding,
+            step.call_id,
+            generation,
+            worker,
+            epoch,
+            then=step.target,
+        )
+        return reserved.record
+    row = yield from select_execution(step.agent, step.execution_id, lock=True)
+    return (yield from _move(row, step.agent, step.execution_id, step.target, generation, worker, epoch))
 
 
 def recover_worker(generation: str, new_worker: WorkerId, new_epoch: Epoch) -> Op[list[RecoveredExecution]]:
