@@ -434,3 +434,10 @@ async def test_a_sessionless_call_cut_by_revocation_gets_a_typed_error(
     assert answer["ended"]["calls_cancelled"] == 1
     [cut] = [m for m in messages if m.get("id") == 9]
     assert cut["error"]["data"]["reason"] == "agent_session_revoked"
+    # The chain its sessionless requests shared closed with the revocation, its claim issued.
+    [shared_chain] = answer["ended"]["evidence_sessions_closed"]
+    entries = await export_entries(http, gw.origin, shared_chain)
+    assert entries[0]["agent"] == "carol" and entries[-1]["detail"] == {"close_reason": "revocation"}
+    assert [e["tool"] for e in entries if e["call_id"] is not None] != []  # the cut call's entries
+    claim = await http.get(f"{gw.origin}/sessions/{shared_chain}/trace-claim", headers=bearer(AUDITOR_TOKEN))
+    assert claim.status_code == 200, claim.text

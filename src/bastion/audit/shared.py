@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -65,6 +65,8 @@ class _Shared:
     scope: EvidenceScope
     agent_session_id: str | None
     users: int = 0
+    # Set while no request uses the scope.
+    unused: anyio.Event = field(default_factory=anyio.Event)
 
 
 class SharedEvidence:
@@ -109,6 +111,8 @@ class SharedEvidence:
                 unsafe_disabled=self._unsafe_disabled,
             )
             shared = self._scopes[key] = self._by_scope[scope] = _Shared(scope, principal.agent_session_id)
+        if shared.users == 0:
+            shared.unused = anyio.Event()
         shared.users += 1
         return shared.scope
 
@@ -117,6 +121,8 @@ class SharedEvidence:
         shared = self._by_scope.get(scope)
         if shared is not None:
             shared.users -= 1
+            if shared.users == 0:
+                shared.unused.set()
 
     def _aged(self, shared: _Shared) -> bool:
         evidence = shared.scope.evidence
@@ -162,12 +168,21 @@ class SharedEvidence:
         return {shared.agent_session_id for shared in every if shared.agent_session_id}
 
     async def close_agent_session(self, agent_session_id: str) -> list[str]:
-        """Revocation: close that agent session's chains with their claims; returns their ids."""
-        every = [*self._scopes.values(), *self._draining]
+        """Revocation: close that agent session's chains with their claims; returns their ids.
+
+        Its requests were cancelled: the chains close once those requests have recorded their
+        outcome and ended (bounded), so no entry of theirs is left in a chain nobody closes.
+        """
+        mine = [
+            s for s in (*self._scopes.values(), *self._draining) if s.agent_session_id == agent_session_id
+        ]
+        with anyio.move_on_after(_QUIET_WAIT_S):
+            for shared in mine:
+                if shared.users:
+                    await shared.unused.wait()
         closed: list[str] = []
-        for shared in every:
-            if shared.agent_session_id == agent_session_id:
-                closed += await self._retire(shared, CloseReason.REVOCATION, wait_s=_QUIET_WAIT_S)
+        for shared in mine:
+            closed += await self._retire(shared, CloseReason.REVOCATION, wait_s=_QUIET_WAIT_S)
         return closed
 
     async def close_all(self) -> list[str]:
