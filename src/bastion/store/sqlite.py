@@ -71,6 +71,9 @@ class SqliteStore(StoreOperations):
         # Held by the writer while it takes and runs a batch (tests hold it to shape a batch).
         self._batch_lock = threading.Lock()
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        # True from a wake-up until the writer finds the queue empty: a write queued meanwhile
+        # is taken by the writer's next round, without waking it (no futex call per write).
+        self._writer_busy = False
         self._thread = threading.Thread(target=self._writer_loop, name="bastion-sqlite-writer", daemon=True)
         self._idle_readers: list[sqlite3.Connection] = []
         self._closed = False
@@ -162,7 +165,10 @@ class SqliteStore(StoreOperations):
             if self._closed:
                 raise StoreError("store is closed")
             self._pending.append(job)
-        self._wake.put(None)
+            wake = not self._writer_busy
+            self._writer_busy = True
+        if wake:
+            self._wake.put(None)
         try:
             await job.future
         except BaseException:
@@ -191,6 +197,8 @@ class SqliteStore(StoreOperations):
                         del self._pending[: len(batch)]
                         for queued in batch:
                             queued.taken = True
+                        if not batch:
+                            self._writer_busy = False
                     if not batch:
                         break
                     try:
