@@ -28,12 +28,12 @@ from typing import Any
 import anyio
 from mcp_types import LOG_LEVEL_META_KEY
 
-from bastion.admission.binding import compute_binding
+from bastion.admission.binding import bind_call
 from bastion.admission.continuation import InputContinuations
 from bastion.admission.envelope import CmcpEnvelope, read_envelope
 from bastion.admission.states import ExecutionState
 from bastion.audit.earlier import name_earlier_attempt
-from bastion.audit.entry import AuditEntry, AuditEvent, Decision, digest_json
+from bastion.audit.entry import AuditEntry, AuditEvent, Decision
 from bastion.audit.scope import EvidenceScope
 from bastion.caller import Caller
 from bastion.errors import (
@@ -268,8 +268,7 @@ class ToolCallPath:
             # (A schema without x-mcp-header parameters checks nothing: the walk is skipped.)
             check_param_headers(entry.definition, arguments, caller.param_headers)
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
-        attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)
-        attempt.args_digest = digest_json(arguments)
+        attempt.binding, attempt.args_digest = bind_call(entry.server, entry.upstream_name, arguments)
         # (5) Attachment gate: a mutating tool is refused while a namespace this agent or team
         #     requires is not connected, not in the session's surface, or contradicts itself.
         required = snapshot.requirements.required_for(caller.agent, caller.principal.team)

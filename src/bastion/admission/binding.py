@@ -20,7 +20,7 @@ import rfc8785
 from bastion.crypto.jcs import canonical_json
 from bastion.errors import InvalidParams
 
-__all__ = ["compute_binding"]
+__all__ = ["bind_call", "compute_binding"]
 
 
 def compute_binding(server: str, tool: str, arguments: Mapping[str, Any] | None) -> str:
@@ -31,12 +31,24 @@ def compute_binding(server: str, tool: str, arguments: Mapping[str, Any] | None)
     canonical form (a NaN, an integer beyond the I-JSON range, a non-JSON type):
     a binding that cannot be verified admits nothing (DESIGN section 9).
     """
-    document: dict[str, Any] = {"server": server, "tool": tool, "arguments": dict(arguments or {})}
+    return bind_call(server, tool, arguments)[0]
+
+
+def bind_call(server: str, tool: str, arguments: Mapping[str, Any] | None) -> tuple[str, str]:
+    """The binding and the arguments' audit digest (``sha256:<hex>``), canonicalizing them once.
+
+    The binding document's canonical form is spelled around the arguments' own: its keys
+    ``arguments``, ``server``, ``tool`` are ASCII, so RFC 8785 orders them so, and a member's
+    canonical form does not depend on its neighbours (``tests/unit/admission`` holds this
+    equal to ``canonical_json`` of the whole document). Raises as :func:`compute_binding`.
+    """
     try:
-        canonical = canonical_json(document)
+        args = canonical_json(dict(arguments or {}))
+        spelled = (b'{"arguments":', args, b',"server":', canonical_json(server), b',"tool":')
+        document = b"".join((*spelled, canonical_json(tool), b"}"))
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
         # The message names the defect's kind, never the offending value.
         raise InvalidParams(
             "arguments have no canonical JSON form", field="arguments", problem=type(exc).__name__
         ) from exc
-    return hashlib.sha256(canonical).hexdigest()
+    return hashlib.sha256(document).hexdigest(), "sha256:" + hashlib.sha256(args).hexdigest()

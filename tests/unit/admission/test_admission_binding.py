@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from bastion.admission.binding import compute_binding
+from bastion.admission.binding import bind_call, compute_binding
 from bastion.errors import InvalidParams
 
 
@@ -62,3 +65,33 @@ def test_arguments_without_canonical_form_are_refused(bad: object) -> None:
         compute_binding("s", "t", {"v": bad})
     assert caught.value.data["field"] == "arguments"
     assert str(bad) not in str(caught.value)
+
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53 - 1), max_value=2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
+_values = st.recursive(
+    _scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(), c, max_size=4), max_leaves=12
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(server=st.text(), tool=st.text(), arguments=st.dictionaries(st.text(), _values, max_size=5))
+def test_bind_call_equals_the_canonical_form_of_the_whole_document(
+    server: str, tool: str, arguments: dict[str, object]
+) -> None:
+    """bind_call spells the document around the arguments' canonical form: equal to RFC 8785 of it."""
+    document = {"server": server, "tool": tool, "arguments": arguments}
+    binding, digest = bind_call(server, tool, arguments)
+    assert binding == hashlib.sha256(rfc8785.dumps(document)).hexdigest()
+    assert digest == "sha256:" + hashlib.sha256(rfc8785.dumps(arguments)).hexdigest()
+
+
+def test_bind_call_refuses_arguments_without_a_canonical_form() -> None:
+    """A NaN in the arguments is refused as invalid params, naming no value."""
+    with pytest.raises(InvalidParams):
+        bind_call("s", "t", {"x": float("nan")})
