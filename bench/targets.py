@@ -112,8 +112,10 @@ def _cpu(name: str, through_key: str = "through") -> Callable[[dict[str, Any]], 
         beside = ""
         if through_key != "through":
             beside = f"; SQLite {run['through']['headline']['bastion_cpu_per_call_us']:.0f} us"
+        # A tiny run can see no clock tick of the upstream's CPU (10 ms resolution): no ratio then.
+        ratio = f"{cpu / upstream:.2f}x upstream" if upstream > 0 else "upstream below clock resolution"
         return (
-            f"{cpu:.0f} us ({cpu / upstream:.2f}x upstream)",
+            f"{cpu:.0f} us ({ratio})",
             f"utime+stime per call; the upstream's own CPU per call direct is {upstream:.0f} us{beside}",
             _verdict(cpu <= 300),
         )
