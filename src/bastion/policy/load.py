@@ -27,6 +27,7 @@ from bastion.errors import ConfigError
 from bastion.ids import AgentId
 from bastion.policy.grants import Grant, Rate, Subject, SubjectKind, check_arguments_schema
 from bastion.policy.snapshot import (
+    MIN_MAX_RESPONSE_BYTES,
     AgentSpec,
     AuthSettings,
     GatewaySettings,
@@ -373,7 +374,11 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
         raise ctx.error(f"{key}.audit_contents", "must be true or false")
     bounds: dict[str, Any] = {}
     if "max_response_bytes" in table:
-        bounds["max_response_bytes"] = ctx.integer(table["max_response_bytes"], f"{key}.max_response_bytes")
+        limit = bounds["max_response_bytes"] = ctx.integer(
+            table["max_response_bytes"], f"{key}.max_response_bytes"
+        )
+        if limit < MIN_MAX_RESPONSE_BYTES:
+            raise ctx.error(f"{key}.max_response_bytes", f"must be at least {MIN_MAX_RESPONSE_BYTES}")
     if has_url:
         stray = [other for other in sorted(_STDIO_KEYS) if other in table]
         if stray:

@@ -23,6 +23,7 @@ from bastion.workers.attachment import NamespaceRequirements
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
+    "MIN_MAX_RESPONSE_BYTES",
     "TOOL_NAME_RULE",
     "AgentSpec",
     "AuthSettings",
