@@ -21,13 +21,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Child", "StartFailed", "cpu_seconds", "free_port", "rss_bytes"]
+__all__ = ["Child", "StartFailed", "Terminated", "cpu_seconds", "free_port", "raise_on_signals", "rss_bytes"]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class StartFailed(Exception):
     """A child exited, or did not print its readiness line in time."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived: raised where the main thread is, so every ``finally`` on the way
+    out stops what it started (children, a throwaway cluster, the temp dir), as on a normal exit.
+
+    A ``KeyboardInterrupt``: ``except Exception`` never swallows it, and asyncio lets it through
+    (it turns any other exception raised inside its transports into a connection error).
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: object) -> None:
+    for each in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(each, signal.SIG_IGN)  # the cleanup that follows is not interrupted again
+    raise Terminated(signum)
+
+
+def raise_on_signals() -> None:
+    """From now on SIGTERM and SIGINT raise :class:`Terminated` in the main thread (call it there)."""
+    for each in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(each, _terminate)
 
 
 def free_port() -> int:
