@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Child", "StartFailed", "Terminated", "cpu_seconds", "free_port", "raise_on_signals", "rss_bytes"]
+__all__ = [
+    "Child",
+    "StartFailed",
+    "Terminated",
+    "cpu_seconds",
+    "free_port",
+    "raise_on_signals",
+    "rss_bytes",
+    "run_to_end",
+]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -53,6 +62,29 @@ def raise_on_signals() -> None:
     """From now on SIGTERM and SIGINT raise :class:`Terminated` in the main thread (call it there)."""
     for each in (signal.SIGTERM, signal.SIGINT):
         signal.signal(each, _terminate)
+
+
+def run_to_end(
+    argv: Sequence[str], *, timeout_s: float, stdout: IO[str], grace_s: float = 60.0
+) -> int | None:
+    """Run a bench script; its exit status, or ``None`` past ``timeout_s``.
+
+    Past the timeout, or when this process is interrupted (``Terminated``), the script gets
+    SIGTERM, so it stops what it started itself, and ``grace_s`` to do so before SIGKILL.
+    """
+    process = subprocess.Popen(list(argv), stdout=stdout)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def free_port() -> int:

@@ -22,7 +22,7 @@ from typing import IO
 
 import pytest
 
-from tests.e2e.test_bench_table import _postgres_available
+from tests.e2e.test_bench_table import _bench_module, _postgres_available
 
 REPO = Path(__file__).resolve().parents[2]
 MARK = "BASTION_BENCH_SIGNAL_TEST"
@@ -128,3 +128,25 @@ def test_a_signalled_bench_stops_everything_it_started(tmp_path: Path, signum: i
     assert survivors == {}, survivors
     assert list(temp_root.iterdir()) == []
     assert not any(root.exists() for root in clusters)
+
+
+def test_a_bench_script_past_its_timeout_gets_sigterm_before_sigkill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make bench``'s per-script timeout sends SIGTERM (the script cleans up), not SIGKILL."""
+    procs = _bench_module("procs", monkeypatch)
+    said = tmp_path / "said"
+    script = (
+        "import pathlib, signal, sys, time\n"
+        "def stop(*_):\n"
+        "    pathlib.Path(sys.argv[1]).write_text('term')\n"
+        "    sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "time.sleep(60)\n"
+    )
+    with (tmp_path / "out").open("w") as out:
+        status = procs.run_to_end(
+            [sys.executable, "-c", script, str(said)], timeout_s=3.0, stdout=out, grace_s=10
+        )
+    assert status is None
+    assert said.read_text() == "term"

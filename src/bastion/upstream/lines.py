@@ -12,7 +12,7 @@ Never does I/O itself.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import anyio.lowlevel
 
@@ -40,7 +40,7 @@ async def split_lines(
     max_line: int,
     ends: re.Pattern[bytes] = LF,
     checkpoint_per_chunk: bool = False,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Each line of ``chunks`` without its end; an unfinished last line is discarded.
 
     A CR at a chunk's end ends its line at once; an LF opening the next chunk is then the

@@ -271,9 +271,10 @@ class StdioUpstream:
         # A checkpoint between chunks lets request pumps drain.
         lines = split_lines(process.stdout, max_line=limit, checkpoint_per_chunk=True)
         try:
-            async for line in lines:
-                if line.strip():
-                    await self._on_line(line)
+            async with contextlib.aclosing(lines):
+                async for line in lines:
+                    if line.strip():
+                        await self._on_line(line)
         except LineOverLimit:
             self._drop_oversized(process, limit)
 
