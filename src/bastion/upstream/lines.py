@@ -1,22 +1,19 @@
 """Splitting an upstream's byte stream into lines, never holding more than a bound (issue #13 hardening).
 
 Owns: the one line splitter of the upstream side, used for stdio messages (one JSON-RPC
-message a line, LF) and for SSE (CRLF, LF or CR). It searches only each new chunk for a
-line end, so a long line costs linear time, and it holds at most ``max_line`` bytes of an
-unfinished line (plus the chunk in hand): past that it raises :class:`LineOverLimit`, and
-the caller stops reading and drops the connection. Line ends are ASCII, never part of a
-UTF-8 character, so lines are split as bytes and decoded (if at all) by the caller.
-Never does I/O itself.
+message a line, LF) and for SSE (CRLF, LF or CR). It is fed chunk by chunk and holds at
+most ``max_line`` bytes of an unfinished line (plus the chunk in hand): past that it raises
+:class:`LineOverLimit`, and the caller stops reading and drops the connection. Each chunk
+is split once (``re.split`` in C), so a long line costs linear time. Line ends are ASCII,
+never part of a UTF-8 character, so lines are split as bytes and decoded (if at all) by
+the caller. Synchronous and without I/O: the hot path pays no generator per line.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
 
-import anyio.lowlevel
-
-__all__ = ["ANY_LINE_END", "LF", "LineOverLimit", "split_lines"]
+__all__ = ["ANY_LINE_END", "LF", "LineOverLimit", "LineSplitter"]
 
 #: JSON-RPC over stdio: lines end at LF.
 LF = re.compile(rb"\n")
@@ -34,42 +31,43 @@ class LineOverLimit(Exception):
         self.limit = limit
 
 
-async def split_lines(
-    chunks: AsyncIterator[bytes],
-    *,
-    max_line: int,
-    ends: re.Pattern[bytes] = LF,
-    checkpoint_per_chunk: bool = False,
-) -> AsyncGenerator[bytes, None]:
-    """Each line of ``chunks`` without its end; an unfinished last line is discarded.
+class LineSplitter:
+    """Lines of a stream fed chunk by chunk, without their ends; an unfinished last line is never given."""
 
-    A CR at a chunk's end ends its line at once; an LF opening the next chunk is then the
-    rest of that CRLF. ``checkpoint_per_chunk`` lets other tasks run between chunks.
+    def __init__(self, max_line: int, ends: re.Pattern[bytes] = LF) -> None:
+        self.max_line = max_line
+        self._ends = ends
+        self._pending: list[bytes] = []  # the pieces of the unfinished line
+        self._size = 0
+        self._after_cr = False
 
-    Raises:
-        LineOverLimit: a line (finished or not) passed ``max_line`` bytes.
-    """
-    pending: list[bytes] = []  # the pieces of the unfinished line
-    size = 0
-    after_cr = False
-    async for chunk in chunks:
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines this chunk finishes.
+
+        A CR at a chunk's end ends its line at once; an LF opening the next chunk is then the
+        rest of that CRLF.
+
+        Raises:
+            LineOverLimit: a line (finished or not) passed ``max_line`` bytes.
+        """
         if not chunk:
-            continue
-        start = 1 if after_cr and chunk[0] == _LF else 0
-        after_cr = False
-        for match in ends.finditer(chunk, start):
-            piece = chunk[start : match.start()]
-            line = b"".join((*pending, piece)) if pending else piece
-            if len(line) > max_line:
-                raise LineOverLimit(max_line)
-            pending, size = [], 0
-            yield line
-            start = match.end()
-            after_cr = start == len(chunk) and chunk[start - 1] == 0x0D
-        if start < len(chunk):
-            pending.append(chunk[start:])
-            size += len(chunk) - start
-            if size > max_line:
-                raise LineOverLimit(max_line)
-        if checkpoint_per_chunk:
-            await anyio.lowlevel.checkpoint()
+            return []
+        if self._after_cr and chunk[0] == _LF:
+            chunk = chunk[1:]
+        self._after_cr = chunk[-1:] == b"\r" and self._ends is not LF
+        *lines, rest = self._ends.split(chunk)
+        if lines and self._pending:
+            lines[0] = b"".join((*self._pending, lines[0]))
+            self._pending, self._size = [], 0
+        # Only the first line holds earlier pieces; the others are no longer than the chunk.
+        if lines and (
+            len(lines[0]) > self.max_line
+            or (len(chunk) > self.max_line and any(len(line) > self.max_line for line in lines))
+        ):
+            raise LineOverLimit(self.max_line)
+        if rest:
+            self._pending.append(rest)
+            self._size += len(rest)
+            if self._size > self.max_line:
+                raise LineOverLimit(self.max_line)
+        return lines

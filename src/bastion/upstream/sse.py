@@ -31,7 +31,7 @@ from typing import Any
 
 from bastion.errors import UpstreamProtocolError, UpstreamResponseTooLarge
 from bastion.policy.snapshot import DEFAULT_MAX_RESPONSE_BYTES
-from bastion.upstream.lines import ANY_LINE_END, LineOverLimit, split_lines
+from bastion.upstream.lines import ANY_LINE_END, LineOverLimit, LineSplitter
 
 __all__ = ["SseCursor", "SseEvent", "iter_sse_events", "iter_sse_messages"]
 
@@ -76,49 +76,47 @@ async def iter_sse_events(
     event_type = ""
     id_buffer = cursor.last_event_id
     first = True
-    lines = split_lines(chunks, max_line=max_event_bytes + _FIELD_ROOM, ends=ANY_LINE_END)
-    async for line in _over_limit_is_too_large(lines):
-        if first:
-            line, first = line.removeprefix(_BOM), False  # (1)
-        if not line:
-            # (4, 5) The id counts at dispatch even when no event is dispatched.
-            cursor.last_event_id = id_buffer
-            joined = b"\n".join(data)
-            if joined:
-                cursor.events += 1
-                yield SseEvent(event_type or "message", _text(joined), cursor.last_event_id)
-            data, size, event_type = [], 0, ""
-            continue
-        if line[0] == _COLON:
-            continue  # (2) a comment
-        name, colon, value = line.partition(b":")
-        if colon and value[:1] == b" ":
-            value = value[1:]  # (3)
-        if name == b"data":
-            data.append(value)
-            size += len(value) + 1
-            if size > max_event_bytes + 1:
-                raise UpstreamResponseTooLarge(
-                    f"upstream sent an SSE event over {max_event_bytes} bytes", limit_bytes=max_event_bytes
-                )
-        elif name == b"event":
-            event_type = _text(value)
-        elif name == b"id":
-            if b"\0" not in value:
-                id_buffer = _text(value)
-        elif name == b"retry" and value and value.isdigit():
-            cursor.retry_ms = int(value)  # bytes.isdigit: ASCII digits only
+    splitter = LineSplitter(max_event_bytes + _FIELD_ROOM, ANY_LINE_END)
+    async for chunk in chunks:
+        try:
+            lines = splitter.feed(chunk)
+        except LineOverLimit as exc:
+            raise UpstreamResponseTooLarge(
+                f"upstream sent an SSE line over {exc.limit} bytes", limit_bytes=exc.limit
+            ) from exc
+        if first and lines:
+            lines[0], first = lines[0].removeprefix(_BOM), False  # (1)
+        for line in lines:
+            if not line:
+                # (4, 5) The id counts at dispatch even when no event is dispatched.
+                cursor.last_event_id = id_buffer
+                joined = b"\n".join(data)
+                if joined:
+                    cursor.events += 1
+                    yield SseEvent(event_type or "message", _text(joined), cursor.last_event_id)
+                data, size, event_type = [], 0, ""
+                continue
+            if line[0] == _COLON:
+                continue  # (2) a comment
+            name, colon, value = line.partition(b":")
+            if colon and value[:1] == b" ":
+                value = value[1:]  # (3)
+            if name == b"data":
+                data.append(value)
+                size += len(value) + 1
+                if size > max_event_bytes + 1:
+                    raise UpstreamResponseTooLarge(
+                        f"upstream sent an SSE event over {max_event_bytes} bytes",
+                        limit_bytes=max_event_bytes,
+                    )
+            elif name == b"event":
+                event_type = _text(value)
+            elif name == b"id":
+                if b"\0" not in value:
+                    id_buffer = _text(value)
+            elif name == b"retry" and value and value.isdigit():
+                cursor.retry_ms = int(value)  # bytes.isdigit: ASCII digits only
     # (6) An event not ended by an empty line is discarded.
-
-
-async def _over_limit_is_too_large(lines: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    try:
-        async for line in lines:
-            yield line
-    except LineOverLimit as exc:
-        raise UpstreamResponseTooLarge(
-            f"upstream sent an SSE line over {exc.limit} bytes", limit_bytes=exc.limit
-        ) from exc
 
 
 def _text(raw: bytes) -> str:

@@ -56,7 +56,7 @@ from bastion.upstream.base import (
 from bastion.upstream.delivery import NotificationBuffer
 from bastion.upstream.failure import describe_exit, describe_failure
 from bastion.upstream.input_rounds import ParkedRounds, asks_in_rounds, round_trip
-from bastion.upstream.lines import LineOverLimit, split_lines
+from bastion.upstream.lines import LineOverLimit, LineSplitter
 from bastion.upstream.relay import RequestRelay
 from bastion.versions import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION
 
@@ -268,15 +268,17 @@ class StdioUpstream:
         """
         assert process.stdout is not None
         limit = self.spec.max_response_bytes
-        # A checkpoint between chunks lets request pumps drain.
-        lines = split_lines(process.stdout, max_line=limit, checkpoint_per_chunk=True)
-        try:
-            async with contextlib.aclosing(lines):
-                async for line in lines:
-                    if line.strip():
-                        await self._on_line(line)
-        except LineOverLimit:
-            self._drop_oversized(process, limit)
+        splitter = LineSplitter(limit)
+        async for chunk in process.stdout:
+            try:
+                lines = splitter.feed(chunk)
+            except LineOverLimit:
+                self._drop_oversized(process, limit)
+                return
+            for line in lines:
+                if line.strip():
+                    await self._on_line(line)
+            await anyio.lowlevel.checkpoint()  # let request pumps drain between chunks
 
     def _drop_oversized(self, process: anyio.abc.Process, limit: int) -> None:
         logger.warning("upstream %s wrote a message over %d bytes; restarting it", self.name, limit)

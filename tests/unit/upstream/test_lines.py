@@ -14,7 +14,7 @@ from starlette.routing import Route
 from bastion.errors import UpstreamResponseTooLarge
 from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.http_client import BodyOverLimit, UpstreamHttp
-from bastion.upstream.lines import ANY_LINE_END, LineOverLimit, split_lines
+from bastion.upstream.lines import ANY_LINE_END, LF, LineOverLimit, LineSplitter
 from bastion.upstream.sse import iter_sse_events
 
 pytestmark = pytest.mark.anyio
@@ -27,47 +27,46 @@ async def _chunks(*parts: bytes) -> AsyncIterator[bytes]:
         yield part
 
 
-class _Endless:
-    """A source that never ends a line; counts the chunks taken from it."""
-
-    def __init__(self, first: bytes = b"") -> None:
-        self.first, self.taken = first, 0
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        if self.first:
-            yield self.first
-        while True:
-            self.taken += 1
-            yield CHUNK
+async def _endless(first: bytes) -> AsyncIterator[bytes]:
+    """A source that never ends a line."""
+    yield first
+    while True:
+        yield CHUNK
 
 
-async def _lines(*parts: bytes, max_line: int = 100) -> list[bytes]:
-    return [line async for line in split_lines(_chunks(*parts), max_line=max_line, ends=ANY_LINE_END)]
+def _lines(*parts: bytes, max_line: int = 100) -> list[bytes]:
+    splitter = LineSplitter(max_line, ANY_LINE_END)
+    return [line for part in parts for line in splitter.feed(part)]
 
 
-async def test_an_endless_line_stops_the_reader_at_its_bound() -> None:
-    """A line that never ends raises once past the bound, having read just one chunk beyond it."""
-    source = _Endless()
-    with anyio.fail_after(5), pytest.raises(LineOverLimit):
-        async for _ in split_lines(source.__aiter__(), max_line=10_000):
-            pass
-    assert source.taken == 11
+def test_an_endless_line_stops_the_reader_at_its_bound() -> None:
+    """A line that never ends is refused once past the bound, one chunk beyond it, holding no more."""
+    splitter = LineSplitter(10_000, LF)
+    taken = 0
+    with pytest.raises(LineOverLimit):
+        while taken < 1000:
+            taken += 1
+            assert splitter.feed(CHUNK) == []
+    assert taken == 11
 
 
-async def test_a_finished_line_over_the_bound_in_one_chunk_is_refused() -> None:
+def test_a_finished_line_over_the_bound_in_one_chunk_is_refused() -> None:
     """A whole line larger than the bound is refused even when it arrives in one chunk."""
     with pytest.raises(LineOverLimit):
-        await _lines(b"a" * 101 + b"\n")
-    assert await _lines(b"a" * 100 + b"\n") == [b"a" * 100]
+        _lines(b"ok\n" + b"a" * 101 + b"\n")
+    with pytest.raises(LineOverLimit):
+        _lines(b"a" * 60, b"a" * 41 + b"\n")
+    assert _lines(b"a" * 60, b"a" * 40 + b"\n") == [b"a" * 100]
 
 
-async def test_line_ends_split_across_chunks_and_an_unfinished_tail() -> None:
-    """CRLF split between chunks is one end; CR and LF end lines; a line with no end is dropped."""
-    assert await _lines(b"one\r", b"\ntwo\rthree\n", b"fo", b"ur\r\n", b"tail") == [
+def test_line_ends_split_across_chunks_and_an_unfinished_tail() -> None:
+    """CRLF split between chunks is one end; CR and LF end lines; a line with no end is not given."""
+    assert _lines(b"one\r", b"\ntwo\rthree\n", b"fo", b"ur\r\n", b"\n", b"tail") == [
         b"one",
         b"two",
         b"three",
         b"four",
+        b"",
     ]
 
 
@@ -79,7 +78,7 @@ async def test_an_sse_event_over_the_bound_is_too_large_however_its_lines_come()
             pass
     assert caught.value.data["limit_bytes"] == 1024
     with anyio.fail_after(5), pytest.raises(UpstreamResponseTooLarge):
-        async for _ in iter_sse_events(_Endless(b"data: ").__aiter__(), max_event_bytes=4096):
+        async for _ in iter_sse_events(_endless(b"data: "), max_event_bytes=4096):
             pass
     fits = [
         e.data
