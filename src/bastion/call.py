@@ -263,8 +263,9 @@ class ToolCallPath:
                 policy_version=snapshot.version,
             )
         attempt.charged = decision.limits
-        if caller.param_headers is not None:
+        if caller.param_headers is not None and entry.declares_param_headers:
             # After the grant decision: a tool the caller may not see stays unknown to it.
+            # (A schema without x-mcp-header parameters checks nothing: the walk is skipped.)
             check_param_headers(entry.definition, arguments, caller.param_headers)
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding = compute_binding(entry.server, entry.upstream_name, arguments)

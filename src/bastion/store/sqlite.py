@@ -9,28 +9,33 @@ What it guarantees, and how:
   read-classify-write (a reservation, a chain append, a fence check) sees no
   other writer, in this process or another. Waiting for the lock is bounded
   by ``busy_timeout``; past it the write raises :class:`NotDurable`.
-- **Group commit.** One writer connection per store, used by one batch at a
-  time. Writes queue; whichever caller finds the writer free takes every
-  queued write (up to ``max_batch``) and runs them in one transaction, each
-  inside its own savepoint, so each keeps its own atomicity and its own error,
-  and the batch pays one fsync. If the commit fails, every write of the batch
-  raises :class:`NotDurable`, refusals included (a refusal may rest on a write
-  of the same batch that never became durable).
+- **Group commit.** One writer connection per store, owned by one writer
+  thread of this store. Writes queue; the writer takes every queued write (up
+  to ``max_batch``) and runs them in one transaction, each inside its own
+  savepoint, so each keeps its own atomicity and its own error, and the batch
+  pays one fsync. If the commit fails, every write of the batch raises
+  :class:`NotDurable`, refusals included (a refusal may rest on a write of the
+  same batch that never became durable). A caller learns its result through
+  one loop wake-up per batch (no worker-thread hand-off per write).
 - **Concurrent reads.** Reads use a small pool of read-only connections and
   see only committed data.
 - **Versioned schema.** ``store/migrations/`` is applied at open under the
   write lock; a file newer than this code is refused.
 
-Blocking calls run on worker threads (``anyio.to_thread``), never on the event
-loop. This module must never hold process-global state: two stores may share
-one file in one process, as two replicas would.
+Blocking calls run off the event loop: writes on the store's writer thread,
+reads on worker threads (``anyio.to_thread``). This module must never hold
+process-global state: two stores may share one file in one process, as two
+replicas would (each store has its own writer thread).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -60,13 +65,22 @@ class SqliteStore(StoreOperations):
         self._writer = writer
         self._max_batch = max_batch
         self._busy_timeout_s = busy_timeout_s
-        self._write_lock = anyio.Lock()
+        # Guards _pending and each job's taken/withdrawn flags, between the loop and the writer.
+        self._queue_lock = threading.Lock()
         self._pending: list[_Job[Any]] = []
+        # Held by the writer while it takes and runs a batch (tests hold it to shape a batch).
+        self._batch_lock = threading.Lock()
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        # True from a wake-up until the writer finds the queue empty: a write queued meanwhile
+        # is taken by the writer's next round, without waking it (no futex call per write).
+        self._writer_busy = False
+        self._thread = threading.Thread(target=self._writer_loop, name="bastion-sqlite-writer", daemon=True)
         self._idle_readers: list[sqlite3.Connection] = []
         self._closed = False
         self._transactions = 0
         self._writes = 0
         self._statements = 0
+        self._thread.start()
 
     @classmethod
     async def open(
@@ -136,43 +150,61 @@ class SqliteStore(StoreOperations):
         if self._closed:
             return
         self._closed = True
-        async with self._write_lock:
-            _fail_all(self._pending, StoreError("store is closed"))
-            self._pending.clear()
-            self._writer.close()
+        self._wake.put(None)
+        # The writer ends the batch it runs, fails what is still queued, closes its connection.
+        await anyio.to_thread.run_sync(self._thread.join)
         while self._idle_readers:
             self._idle_readers.pop().close()
 
     # ------------------------------------------------------------ the engine
 
     async def _write(self, op: OpFactory[T]) -> T:
-        if self._closed:
-            raise StoreError("store is closed")
-        job: _Job[T] = _Job(lambda conn: run_op(conn, op(), self._count_statement))
-        self._pending.append(job)
+        loop = asyncio.get_running_loop()
+        job: _Job[T] = _Job(lambda conn: run_op(conn, op(), self._count_statement), loop)
+        with self._queue_lock:
+            if self._closed:
+                raise StoreError("store is closed")
+            self._pending.append(job)
+            wake = not self._writer_busy
+            self._writer_busy = True
+        if wake:
+            self._wake.put(None)
         try:
-            while not job.done:
-                async with self._write_lock:
-                    if job.done:
-                        break
-                    if self._closed:
-                        _fail_all(self._pending, StoreError("store is closed"))
-                        self._pending.clear()
-                        break
-                    batch = self._pending[: self._max_batch]
-                    del self._pending[: len(batch)]
-                    for queued in batch:
-                        queued.taken = True
-                    # Shielded: a batch, once taken, runs to its end, so no
-                    # queued caller waits on a write that nobody will run.
-                    with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(self._run_batch, batch)
+            await job.future
         except BaseException:
-            # Not yet taken into a batch: withdraw it, so a cancelled write never happens.
-            if not job.taken and job in self._pending:
-                self._pending.remove(job)
+            with self._queue_lock:
+                # Not yet taken into a batch: withdraw it, so a cancelled write never happens.
+                # Once taken, it runs to its end whether or not anybody waits for it.
+                if not job.taken and job in self._pending:
+                    self._pending.remove(job)
             raise
         return job.result()
+
+    def _writer_loop(self) -> None:
+        """The writer thread: run queued writes in batches until the store closes."""
+        while True:
+            self._wake.get()
+            while True:
+                with self._batch_lock:
+                    with self._queue_lock:
+                        if self._closed:
+                            _fail_all(self._pending, StoreError("store is closed"))
+                            _settle(self._pending)
+                            self._pending.clear()
+                            self._writer.close()
+                            return
+                        batch = self._pending[: self._max_batch]
+                        del self._pending[: len(batch)]
+                        for queued in batch:
+                            queued.taken = True
+                        if not batch:
+                            self._writer_busy = False
+                    if not batch:
+                        break
+                    try:
+                        self._run_batch(batch)
+                    finally:
+                        _settle(batch)
 
     def _run_batch(self, batch: list[_Job[Any]]) -> None:
         conn = self._writer
@@ -199,13 +231,9 @@ class SqliteStore(StoreOperations):
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             _fail_all(batch, NotDurable("the write could not be made durable", detail=type(exc).__name__))
-            if not isinstance(exc, Exception):
-                raise
             return
         self._transactions += 1
         self._writes += len(batch)
-        for job in batch:
-            job.done = True
 
     async def _read(self, op: OpFactory[T], *, snapshot: bool = False) -> T:
         if self._closed:
@@ -292,12 +320,13 @@ _UNSET = _Unset()
 class _Job(Generic[T]):
     """One queued write: its operation, then its result or its own error."""
 
-    __slots__ = ("done", "error", "op", "taken", "value")
+    __slots__ = ("error", "future", "loop", "op", "taken", "value")
 
-    def __init__(self, op: Callable[[sqlite3.Connection], T]) -> None:
+    def __init__(self, op: Callable[[sqlite3.Connection], T], loop: asyncio.AbstractEventLoop) -> None:
         self.op = op
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
         self.taken = False
-        self.done = False
         self.value: T | _Unset = _UNSET
         self.error: BaseException | None = None
 
@@ -308,11 +337,26 @@ class _Job(Generic[T]):
         return self.value
 
 
+def _settle(jobs: list[_Job[Any]]) -> None:
+    """From the writer thread: wake each job's caller, one loop wake-up per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Job[Any]]] = {}
+    for job in jobs:
+        by_loop.setdefault(job.loop, []).append(job)
+    for loop, waiting in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(_wake_callers, waiting)
+
+
+def _wake_callers(jobs: list[_Job[Any]]) -> None:
+    for job in jobs:
+        if not job.future.done():
+            job.future.set_result(None)
+
+
 def _fail_all(jobs: list[_Job[Any]], error: StoreError) -> None:
     for job in jobs:
         job.value = _UNSET
         job.error = error
-        job.done = True
 
 
 def _translate(exc: Exception) -> BaseException:

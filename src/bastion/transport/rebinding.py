@@ -20,6 +20,7 @@ This module decides and raises; ``transport/streamable_http.py`` renders.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable
 
@@ -33,6 +34,7 @@ __all__ = ["check_host_and_origin", "is_loopback"]
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 
 
+@functools.lru_cache(maxsize=64)  # asked per request of the few addresses the gateway listens on
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (a bind address or a name) means this machine only."""
     name = host.strip("[]").lower()
@@ -73,6 +75,7 @@ def check_host_and_origin(
         raise OriginForbidden(cause="origin_not_allowed")
 
 
+@functools.lru_cache(maxsize=64)
 def _loopback_hosts(port: int | None) -> tuple[str, ...]:
     names = [f"{name}:{port}" for name in _LOOPBACK_NAMES]
     if port == 80:
@@ -80,6 +83,7 @@ def _loopback_hosts(port: int | None) -> tuple[str, ...]:
     return tuple(names)
 
 
+@functools.lru_cache(maxsize=64)
 def _loopback_origins(port: int | None) -> tuple[str, ...]:
     origins = [f"http://{name}:{port}" for name in _LOOPBACK_NAMES]
     if port == 80:

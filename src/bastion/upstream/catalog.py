@@ -12,9 +12,12 @@ Pure functions: no I/O, no locks.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from bastion.upstream.era_paths import param_header_map
 
 __all__ = ["Collision", "ToolEntry", "all_collisions", "exposed_name", "merge_catalog"]
 
@@ -33,6 +36,11 @@ class ToolEntry:
     def read_only(self) -> bool:
         annotations = self.definition.get("annotations")
         return isinstance(annotations, dict) and annotations.get("readOnlyHint") is True
+
+    @functools.cached_property
+    def declares_param_headers(self) -> bool:
+        """Whether the tool's schema has valid ``x-mcp-header`` parameters (walked once, not per call)."""
+        return bool(param_header_map(self.definition.get("inputSchema")))
 
 
 @dataclass(frozen=True)

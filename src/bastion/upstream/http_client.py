@@ -18,7 +18,7 @@ Owns: one connection pool per gateway process (per host at most ``max_connection
 kept-alive connections, the connect and read bounds. A response read to its end goes
 back to the pool; one closed early (cancellation, an abandoned stream) closes its
 connection, which is how the sessionless era cancels a request. Never logs bodies or
-headers; never follows redirects; never reads proxies from the environment.
+headers; never follows redirects; never reads proxies from the environment; keeps no cookies.
 """
 
 from __future__ import annotations
@@ -155,6 +155,9 @@ class UpstreamHttp:
                     total=None, connect=self._connect_timeout_s, sock_read=self._read_timeout_s
                 ),
                 trust_env=False,
+                # One pool serves every client session: an upstream's cookie kept for one
+                # client's call would ride on another's. No jar (and no per-request lookup).
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 

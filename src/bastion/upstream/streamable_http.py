@@ -39,6 +39,7 @@ from bastion.errors import (
     UpstreamUnavailable,
 )
 from bastion.policy.snapshot import ServerSpec
+from bastion.transport.jsonrpc import dumps
 from bastion.upstream.base import (
     RESOURCE_UPDATED,
     SURFACE_LIST_CHANGED,
@@ -89,7 +90,7 @@ _GATEWAY_INFO = {"name": "bastion", "version": __version__}
 
 
 def _body(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    return dumps(message)
 
 
 class _SessionGone(Exception):

@@ -1,7 +1,8 @@
 """SQLite group commit (DESIGN section 10): one transaction for queued writes, each with its own result.
 
-These tests hold the engine's write lock (a private attribute) so that a batch
-forms deterministically: every write is queued before the lock is released.
+These tests hold the engine's batch lock (a private attribute, taken by the
+writer thread around each batch) so that a batch forms deterministically:
+every write is queued before the lock is released.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from store_support import AGENT, Writer, builder, genesis, new_writer
 
 from bastion.admission.states import ExecutionState
 from bastion.audit.entry import AuditEntry
-from bastion.errors import BastionError, ExecutionCollision, NotDurable, StaleEpoch
+from bastion.errors import BastionError, ExecutionCollision, NotDurable, StaleEpoch, StoreError
 from bastion.ids import CallId, Epoch, EvidenceSessionId, ExecutionId
 from bastion.store.base import Reserved
 from bastion.store.sqlite import SqliteStore
@@ -35,7 +36,7 @@ async def sqlite_store(tmp_path: Path, anyio_backend: str) -> AsyncIterator[Sqli
 
 
 async def one_batch(store: SqliteStore, writes: list[Callable[[], Awaitable[object]]]) -> list[object]:
-    """Queue every write behind the held write lock, release it, and collect results in order."""
+    """Queue every write behind the held batch lock, release it, and collect results in order."""
     results: list[object] = [None] * len(writes)
 
     async def run(i: int) -> None:
@@ -46,14 +47,14 @@ async def one_batch(store: SqliteStore, writes: list[Callable[[], Awaitable[obje
 
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
-            await store._write_lock.acquire()
+            store._batch_lock.acquire()
             try:
                 for i in range(len(writes)):
                     tg.start_soon(run, i)
                 await anyio.wait_all_tasks_blocked()
                 assert len(store._pending) == len(writes)
             finally:
-                store._write_lock.release()
+                store._batch_lock.release()
     return results
 
 
@@ -155,13 +156,42 @@ async def test_a_write_cancelled_while_queued_does_not_happen(sqlite_store: Sqli
     w = await new_writer(store, "w-a", "gen")
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
-            await store._write_lock.acquire()
+            store._batch_lock.acquire()
             try:
                 tg.start_soon(reserve(store, w, "e1", B0))
                 await anyio.wait_all_tasks_blocked()
                 assert len(store._pending) == 1
                 tg.cancel_scope.cancel()
             finally:
-                store._write_lock.release()
+                store._batch_lock.release()
     assert store._pending == []
     assert await store.get_execution(AGENT, ExecutionId("e1")) is None
+
+
+async def test_close_fails_queued_writes_and_ends_the_writer_thread(tmp_path: Path) -> None:
+    """Closing the store fails every write still queued with StoreError, then its writer thread ends."""
+    store = await SqliteStore.open(tmp_path / "closing.db")
+    w = await new_writer(store, "w-a", "gen")
+    results: list[object] = [None] * 3
+
+    async def run(i: int) -> None:
+        try:
+            results[i] = await reserve(store, w, f"e{i}", B0)()
+        except StoreError as exc:
+            results[i] = exc
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            store._batch_lock.acquire()
+            try:
+                for i in range(3):
+                    tg.start_soon(run, i)
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(store.aclose)
+                await anyio.wait_all_tasks_blocked()
+            finally:
+                store._batch_lock.release()
+    assert all(isinstance(r, StoreError) and "closed" in str(r) for r in results), results
+    assert not store._thread.is_alive()
+    with pytest.raises(StoreError, match="closed"):
+        await reserve(store, w, "e9", B0)()

@@ -50,3 +50,18 @@ def test_all_collisions_finds_every_shared_name_at_start() -> None:
         Collision("notes___x", holder="a", refused="b")
     ]
     assert all_collisions({"a": [_entry("a", "notes", "x")], "b": [_entry("b", "notes_", "x")]}) == []
+
+
+def test_declares_param_headers_only_for_a_valid_x_mcp_header_schema() -> None:
+    """Only a schema with a valid x-mcp-header parameter makes the front door check Mcp-Param-* headers."""
+
+    def tool(schema: object) -> ToolEntry:
+        return ToolEntry("t__x", "t", "t", "x", {"name": "x", "inputSchema": schema})
+
+    annotated = {"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}}
+    plain = {"type": "object", "properties": {"region": {"type": "string"}}}
+    invalid = {"type": "object", "properties": {"region": {"type": "object", "x-mcp-header": "Region"}}}
+    assert tool(annotated).declares_param_headers is True
+    assert tool(plain).declares_param_headers is False
+    assert tool(invalid).declares_param_headers is False
+    assert ToolEntry("t__x", "t", "t", "x", {"name": "x"}).declares_param_headers is False
