@@ -30,6 +30,8 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDictProxy
 
+from bastion.policy.snapshot import DEFAULT_MAX_RESPONSE_BYTES
+
 __all__ = [
     "BodyOverLimit",
     "ConnectError",
@@ -98,7 +100,7 @@ class UpstreamResponse:
                 return
             yield chunk
 
-    async def aread(self, limit: int) -> bytes:
+    async def aread(self, limit: int = DEFAULT_MAX_RESPONSE_BYTES) -> bytes:
         """The whole body, read chunk by chunk and never past ``limit`` bytes.
 
         Raises:
