@@ -1,8 +1,9 @@
 """An MCP upstream that answers some tool calls with a message that never ends (issue #13 hardening).
 
-``python -m tests.e2e.oversize_upstream http`` serves the 2026-07-28 wire (the gateway pins
-``era = "sessionless"``) and prints ``LISTENING <url>``; ``python -m tests.e2e.oversize_upstream
-stdio`` speaks JSON-RPC lines on its pipes. Tools:
+``python -m tests.e2e.oversize_upstream http`` serves just enough of either era for a gateway
+that pins it (``era = "sessionless"``, or ``"session"``: it answers ``initialize`` with a session
+id) and prints ``LISTENING <url>``; ``python -m tests.e2e.oversize_upstream stdio`` speaks
+JSON-RPC lines on its pipes. Tools:
 
 - ``echo``: a small, normal answer;
 - ``endless_json`` (http): an ``application/json`` body that never ends;
@@ -48,13 +49,23 @@ async def _endless(first: bytes) -> AsyncIterator[bytes]:
         await anyio.sleep(0)
 
 
-async def _post(request: Request) -> Response:
+async def _serve(request: Request) -> Response:
+    if request.method != "POST":
+        return Response(status_code=405 if request.method == "GET" else 200)  # no GET stream; DELETE ok
     message: dict[str, Any] = json.loads(await request.body())
     method, request_id = message.get("method"), message.get("id")
+    headers: dict[str, str] = {}
     if request_id is None:
         return Response(status_code=202)
-    if method == "tools/list":
-        result: dict[str, Any] = {**_tools("echo", "endless_json", "endless_sse"), "resultType": "complete"}
+    if method == "initialize":
+        result: dict[str, Any] = {
+            "protocolVersion": message["params"]["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "oversize", "version": "1"},
+        }
+        headers["mcp-session-id"] = "oversize-session"
+    elif method == "tools/list":
+        result = {**_tools("echo", "endless_json", "endless_sse"), "resultType": "complete"}
     elif method == "tools/call":
         name = message["params"]["name"]
         if name == "endless_json":
@@ -65,11 +76,11 @@ async def _post(request: Request) -> Response:
     else:
         result = {}
     body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
-    return Response(body.encode(), media_type="application/json")
+    return Response(body.encode(), media_type="application/json", headers=headers)
 
 
 async def serve_http() -> None:
-    app = Starlette(routes=[Route("/mcp", _post, methods=["POST"])])
+    app = Starlette(routes=[Route("/mcp", _serve, methods=["POST", "GET", "DELETE"])])
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]

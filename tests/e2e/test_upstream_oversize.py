@@ -33,7 +33,13 @@ pytestmark = pytest.mark.anyio
 
 LIMIT = 65_536
 UPSTREAM = [sys.executable, "-m", "tests.e2e.oversize_upstream"]
-ENDLESS = ["web__endless_json", "web__endless_sse", "pipe__endless_line"]
+ENDLESS = [
+    "web__endless_json",  # sessionless era
+    "web__endless_sse",
+    "sess__endless_json",  # session era: the call's upstream session outlives the dropped connection
+    "sess__endless_sse",
+    "pipe__endless_line",  # stdio
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +56,7 @@ async def oversize_gateway(tmp_path_factory: pytest.TempPathFactory) -> AsyncIte
             "gateway": {"upstream_timeout_s": 30.0},
             "servers": {
                 "web": {"url": upstream_url, "era": "sessionless", "max_response_bytes": LIMIT},
+                "sess": {"url": upstream_url, "era": "session", "max_response_bytes": LIMIT},
                 "pipe": {
                     "command": UPSTREAM[0],
                     "args": [*UPSTREAM[1:], "stdio"],
