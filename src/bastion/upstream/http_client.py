@@ -107,16 +107,22 @@ class UpstreamResponse:
             BodyOverLimit: the body (or its declared length) passed ``limit``; reading stopped.
             HttpFailure: the connection failed.
         """
+        # A declared length counts the encoded bytes; a compressed body is bounded as it is decoded.
         declared = self._response.content_length
         if declared is not None and declared > limit:
             raise BodyOverLimit(limit)
-        pieces: list[bytes] = []
-        size = 0
-        async for chunk in self.aiter_bytes():
-            size += len(chunk)
-            if size > limit:
-                raise BodyOverLimit(limit)
-            pieces.append(chunk)
+        try:
+            if declared is not None and self.headers.get("content-encoding", "identity") == "identity":
+                return await self._response.read()  # the parser reads no byte past the declared length
+            pieces: list[bytes] = []
+            size = 0
+            while chunk := await self._response.content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise BodyOverLimit(limit)
+                pieces.append(chunk)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _failure(exc) from exc
         return b"".join(pieces)
 
     async def drop_body(self, limit: int = _DROPPED_BODY_BYTES) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import AsyncIterator
 
 import anyio
@@ -88,9 +89,13 @@ async def test_an_sse_event_over_the_bound_is_too_large_however_its_lines_come()
 
 
 async def test_a_declared_body_over_the_bound_is_refused_before_reading() -> None:
-    """A JSON body whose Content-Length passes the bound is refused; one within it is read whole."""
+    """A JSON body whose Content-Length passes the bound is refused; so is a small compressed body
+    that decodes past it (a bomb); one within the bound is read whole."""
+    bomb = gzip.compress(b"{" + b" " * 200_000 + b"}")
 
     async def answer(request: Request) -> Response:
+        if request.query_params.get("bomb"):
+            return Response(bomb, media_type="application/json", headers={"content-encoding": "gzip"})
         return Response(b"{" + b" " * 2000 + b"}", media_type="application/json")
 
     app = Starlette(routes=[Route("/mcp", answer, methods=["POST"])])
@@ -99,5 +104,9 @@ async def test_a_declared_body_over_the_bound_is_refused_before_reading() -> Non
             async with client.stream("POST", url, headers={}) as response:
                 with pytest.raises(BodyOverLimit):
                     await response.aread(1024)
+            async with client.stream("POST", url + "?bomb=1", headers={}) as response:
+                assert int(response.headers["content-length"]) < 4096
+                with pytest.raises(BodyOverLimit):
+                    await response.aread(4096)
             async with client.stream("POST", url, headers={}) as response:
                 assert len(await response.aread(4096)) == 2002
