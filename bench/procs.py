@@ -21,13 +21,70 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Child", "StartFailed", "cpu_seconds", "free_port", "rss_bytes"]
+__all__ = [
+    "Child",
+    "StartFailed",
+    "Terminated",
+    "cpu_seconds",
+    "free_port",
+    "raise_on_signals",
+    "rss_bytes",
+    "run_to_end",
+]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class StartFailed(Exception):
     """A child exited, or did not print its readiness line in time."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived: raised where the main thread is, so every ``finally`` on the way
+    out stops what it started (children, a throwaway cluster, the temp dir), as on a normal exit.
+
+    A ``KeyboardInterrupt``: ``except Exception`` never swallows it, and asyncio lets it through
+    (it turns any other exception raised inside its transports into a connection error).
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: object) -> None:
+    for each in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(each, signal.SIG_IGN)  # the cleanup that follows is not interrupted again
+    raise Terminated(signum)
+
+
+def raise_on_signals() -> None:
+    """From now on SIGTERM and SIGINT raise :class:`Terminated` in the main thread (call it there)."""
+    for each in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(each, _terminate)
+
+
+def run_to_end(
+    argv: Sequence[str], *, timeout_s: float, stdout: IO[str], grace_s: float = 60.0
+) -> int | None:
+    """Run a bench script; its exit status, or ``None`` past ``timeout_s``.
+
+    Past the timeout, or when this process is interrupted (``Terminated``), the script gets
+    SIGTERM, so it stops what it started itself, and ``grace_s`` to do so before SIGKILL.
+    """
+    process = subprocess.Popen(list(argv), stdout=stdout)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def free_port() -> int:

@@ -20,7 +20,10 @@ either Bastion carry a fresh ``params._cmcp.execution_id`` (never the direct
 calls: the upstream does not know the envelope).
 
 Exit status: 0 when every call succeeded, 1 when any call failed, 2 when a
-child process could not start. Targets are reported, never asserted.
+child process could not start, 128 + the signal's number when SIGTERM or
+SIGINT stopped it (after the same cleanup as a normal exit: children and a
+throwaway cluster stopped, the temp dir removed). Targets are reported,
+never asserted.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import platform
 import re
@@ -49,7 +53,7 @@ import httpx
 
 import engines
 from loadgen import CallError, Mode, PhaseResult, Target, run_phase
-from procs import Child, StartFailed, cpu_seconds, free_port
+from procs import Child, StartFailed, Terminated, cpu_seconds, free_port, raise_on_signals
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -468,6 +472,12 @@ def environment() -> dict[str, Any]:
     }
 
 
+def _started(children: list[Child], bastion: Child) -> None:
+    """Held for cleanup first, then announced: a signal after the line still finds it in ``children``."""
+    children.append(bastion)
+    print(f"bench: {bastion.name} ready", file=sys.stderr, flush=True)
+
+
 async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], int]:
     mode: Mode = args.mode
     children: list[Child] = []
@@ -487,7 +497,7 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
             config = temp / "bastion.toml"
             write_config(config, upstream_url, token, args.extra_config)
             bastion, through_target = start_bastion(args, temp, config, token, "through", "bastion", "data")
-            children.append(bastion)
+            _started(children, bastion)
             if args.audit_off_too:
                 # Own port, own data dir; the same config, token and --bastion-arg.
                 audit_off, audit_off_target = start_bastion(
@@ -500,7 +510,7 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                     "data-audit-off",
                     "--unsafe-no-audit",
                 )
-                children.append(audit_off)
+                _started(children, audit_off)
             if args.postgres:
                 # Own port, own data dir (keys only); the state lives in PostgreSQL.
                 store_url = engines.postgres_url(args, temp)
@@ -508,7 +518,7 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                     args, temp, config, token, "through-postgres", "bastion-postgres", "data-postgres",
                     "--store", store_url, "--generation", "bench-postgres",
                 )  # fmt: skip
-                children.append(on_postgres)
+                _started(children, on_postgres)
 
         # Each phase watches the upstream and the one Bastion it goes through (as "bastion").
         plan: list[tuple[str, Target, dict[str, int]]] = [
@@ -604,10 +614,16 @@ def print_log_tails(temp: Path, lines: int = 30) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    raise_on_signals()  # SIGTERM / SIGINT unwind through the same cleanup as a normal exit
     temp = Path(tempfile.mkdtemp(prefix="bastion-bench-"))
     try:
         try:
             results, status = asyncio.run(bench(args, temp))
+        except Terminated as stop:
+            # The tasks it interrupted hold it too; asyncio would log each as "never retrieved".
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+            print(f"bench: stopped by {stop}; what it started is stopped", file=sys.stderr)
+            return 128 + stop.signum
         except StartFailed as failure:
             print(f"bench: {failure}", file=sys.stderr)
             print_log_tails(temp)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +41,7 @@ import targets
 from bastion.testing.pg_cluster import PostgresUnavailable, find_bindir
 from idle_sessions import describe as describe_idle
 from idle_sessions import measure_idle_sessions
+from procs import Terminated, raise_on_signals, run_to_end
 from soak import describe as describe_soak
 from soak import run_soak
 from verify_throughput import describe as describe_verify
@@ -140,16 +140,15 @@ def run_bench(build: Build, name: str, args: argparse.Namespace, out: Path, post
         argv.append("--audit-off-too")
         if postgres:
             argv.append("--postgres")
-    try:
-        # run.py's table and progress go to stderr here: stdout is for the one table.
-        done = subprocess.run(argv, stdout=sys.stderr, timeout=args.run_timeout, check=False)
-    except subprocess.TimeoutExpired:
+    # run.py's table and progress go to stderr here: stdout is for the one table.
+    status = run_to_end(argv, timeout_s=args.run_timeout, stdout=sys.stderr)
+    if status is None:
         return {"error": f"timed out after {args.run_timeout:.0f} s"}
     if not out.exists():
-        return {"error": f"run.py exited {done.returncode} without results"}
+        return {"error": f"run.py exited {status} without results"}
     results: dict[str, Any] = json.loads(out.read_text())
-    if done.returncode != 0:
-        results["exit_status"] = done.returncode
+    if status != 0:
+        results["exit_status"] = status
     return results
 
 
@@ -229,6 +228,15 @@ def _failed(results: dict[str, Any]) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    raise_on_signals()  # SIGTERM / SIGINT: the benchmark running stops what it started, then this exits
+    try:
+        return _table(args)
+    except Terminated as stop:
+        print(f"bench table: stopped by {stop}", file=sys.stderr)
+        return 128 + stop.signum
+
+
+def _table(args: argparse.Namespace) -> int:
     out_dir = args.out_dir or BENCH_DIR / "results" / f"{time.strftime('%Y%m%dT%H%M%S')}-table"
     out_dir.mkdir(parents=True, exist_ok=True)
     builds = [Build("after" if args.compare else "this build", args.bastion_cmd)]

@@ -21,6 +21,7 @@
     │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
     │  └─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
+    │  └─ UpstreamResponseTooLarge (an UpstreamProtocolError: a message over servers.NAME.max_response_bytes)
     └─ StoreError             StaleEpoch   NotDurable   Conflict   GenerationHeld (start refused)
 
 Checks raise; ``transport/`` renders. Every concrete class has a stable
@@ -85,6 +86,7 @@ __all__ = [
     "UnsupportedProtocolVersion",
     "UpstreamError",
     "UpstreamProtocolError",
+    "UpstreamResponseTooLarge",
     "UpstreamTimeout",
     "UpstreamUnavailable",
     "WorkerSuperseded",
@@ -136,6 +138,7 @@ class Reason(enum.StrEnum):
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
     OUTCOME_UNKNOWN = "outcome_unknown"
+    UPSTREAM_RESPONSE_TOO_LARGE = "upstream_response_too_large"
     STORE_ERROR = "store_error"
     STALE_EPOCH = "stale_epoch"
     NOT_DURABLE = "not_durable"
@@ -490,6 +493,18 @@ class UpstreamProtocolError(UpstreamError):
     reason = Reason.UPSTREAM_PROTOCOL_ERROR
     jsonrpc_code = -32062
     default_message = "Upstream answered with an invalid message"
+
+
+class UpstreamResponseTooLarge(UpstreamProtocolError):
+    """An upstream message (a JSON body, an SSE event's data, a stdio line) passed the server's bound.
+
+    Reading stopped at the bound and that connection (a stdio upstream: its process) was dropped;
+    the request was sent, so the upstream may have acted.
+    """
+
+    reason = Reason.UPSTREAM_RESPONSE_TOO_LARGE
+    jsonrpc_code = -32064
+    default_message = "Upstream answered a message larger than the gateway accepts"
 
 
 class OutcomeUnknown(UpstreamError):

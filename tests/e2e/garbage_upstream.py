@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-__all__ = ["GARBAGE", "GarbageUpstream"]
+__all__ = ["GARBAGE", "GARBAGE_ERRORS", "GarbageUpstream"]
 
 _OK = '{"content":[{"type":"text","text":"ok"}]'
 
@@ -38,6 +38,13 @@ GARBAGE: dict[str, str] = {
     "not_object": "5",
 }
 
+#: tool name -> the raw JSON-RPC ``error`` object it answers with instead of a result.
+GARBAGE_ERRORS: dict[str, str] = {
+    "error_nan": '{"code":-32000,"message":"failed","data":{"score":NaN}}',
+    "error_surrogate": '{"code":-32000,"message":"\\ud800"}',
+    "error_deep": f'{{"code":-32000,"message":"failed","data":{_nested(150)}}}',
+}
+
 
 class GarbageUpstream:
     """The Starlette app and what it saw."""
@@ -52,15 +59,19 @@ class GarbageUpstream:
         if request_id is None:
             return Response(status_code=202)
         if method == "tools/list":
-            tools = [{"name": name, "inputSchema": {"type": "object"}} for name in GARBAGE]
+            tools = [
+                {"name": name, "inputSchema": {"type": "object"}} for name in (*GARBAGE, *GARBAGE_ERRORS)
+            ]
             return _answer(request_id, json.dumps({"tools": tools, "resultType": "complete"}))
         if method == "tools/call":
             name = message["params"]["name"]
             self.calls.append(name)
+            if name in GARBAGE_ERRORS:
+                return _answer(request_id, GARBAGE_ERRORS[name], member="error")
             return _answer(request_id, GARBAGE[name])
         return _answer(request_id, "{}")
 
 
-def _answer(request_id: Any, result: str) -> Response:
-    body = f'{{"jsonrpc":"2.0","id":{json.dumps(request_id)},"result":{result}}}'
+def _answer(request_id: Any, result: str, member: str = "result") -> Response:
+    body = f'{{"jsonrpc":"2.0","id":{json.dumps(request_id)},"{member}":{result}}}'
     return Response(body.encode(), media_type="application/json")

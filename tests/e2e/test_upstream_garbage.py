@@ -28,7 +28,7 @@ from bastion.ids import AgentId, ExecutionId
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, RunningGateway
-from tests.e2e.garbage_upstream import GARBAGE, GarbageUpstream
+from tests.e2e.garbage_upstream import GARBAGE, GARBAGE_ERRORS, GarbageUpstream
 from tests.e2e.test_evidence_e2e import receipt_of, sessionless_call
 from tests.e2e.test_execution_restart import entries_with
 from tests.e2e.test_transport_rules import MODERN_META, modern_headers
@@ -84,6 +84,30 @@ async def test_garbage_after_send_ends_terminal_and_audited(
     if defect != "not_object":  # the reader itself refuses a non-object result, before the check
         assert error["data"]["problem"]
     assert receipt_of(answer)["execution_id"] == execution_id
+    store = garbage_gateway.gateway.store
+    assert store is not None
+    record = await store.get_execution(AgentId("alice"), ExecutionId(execution_id))
+    assert record is not None and record.state is ExecutionState.OUTCOME_UNKNOWN
+    outcomes = [e["outcome"] for e in entries_with(garbage_gateway.data_dir, execution_id)]
+    assert outcomes[-1] == "outcome_unknown"
+
+
+@pytest.mark.parametrize("defect", sorted(GARBAGE_ERRORS))
+async def test_an_upstream_error_that_cannot_cross_ends_terminal_and_audited(
+    garbage_gateway: GarbageGateway, defect: str
+) -> None:
+    """An upstream JSON-RPC error holding NaN, a lone surrogate or deep nesting is not relayed: typed
+    upstream_protocol_error naming the problem, row outcome_unknown, audited."""
+    execution_id = f"garbage-{defect}"
+    async with httpx.AsyncClient(timeout=30) as http:
+        with anyio.fail_after(20):
+            answer = await sessionless_call(
+                http, garbage_gateway.url, f"junk__{defect}", execution_id=execution_id
+            )
+    assert defect in garbage_gateway.upstream.calls
+    error = answer["error"]
+    assert error["data"]["reason"] == "upstream_protocol_error", answer
+    assert error["data"]["problem"] in ("not_finite", "lone_surrogate", "too_deep"), answer
     store = garbage_gateway.gateway.store
     assert store is not None
     record = await store.get_execution(AgentId("alice"), ExecutionId(execution_id))

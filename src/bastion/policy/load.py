@@ -27,6 +27,7 @@ from bastion.errors import ConfigError
 from bastion.ids import AgentId
 from bastion.policy.grants import Grant, Rate, Subject, SubjectKind, check_arguments_schema
 from bastion.policy.snapshot import (
+    MIN_MAX_RESPONSE_BYTES,
     AgentSpec,
     AuthSettings,
     GatewaySettings,
@@ -100,6 +101,7 @@ _GATEWAY_KEYS = frozenset(
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd"})
 _SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s", "transparent", "audit_contents"}
+_SERVER_KEYS |= {"max_response_bytes"}
 _AGENT_KEYS = frozenset({"token_sha256", "anonymous"})
 _SUBJECT_KEYS = frozenset(kind.value for kind in SubjectKind)
 _GRANT_KEYS = _SUBJECT_KEYS | {
@@ -370,6 +372,13 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
     audit_contents = table.get("audit_contents", False)
     if not isinstance(audit_contents, bool):
         raise ctx.error(f"{key}.audit_contents", "must be true or false")
+    bounds: dict[str, Any] = {}
+    if "max_response_bytes" in table:
+        limit = bounds["max_response_bytes"] = ctx.integer(
+            table["max_response_bytes"], f"{key}.max_response_bytes"
+        )
+        if limit < MIN_MAX_RESPONSE_BYTES:
+            raise ctx.error(f"{key}.max_response_bytes", f"must be at least {MIN_MAX_RESPONSE_BYTES}")
     if has_url:
         stray = [other for other in sorted(_STDIO_KEYS) if other in table]
         if stray:
@@ -391,6 +400,7 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
             timeout_s=timeout_s,
             transparent=transparent,
             audit_contents=audit_contents,
+            **bounds,
         )
     stray = [other for other in sorted(_HTTP_KEYS) if other in table]
     if stray:
@@ -413,6 +423,7 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
         timeout_s=timeout_s,
         transparent=transparent,
         audit_contents=audit_contents,
+        **bounds,
     )
 
 

@@ -22,6 +22,8 @@ from bastion.policy.grants import Grant
 from bastion.workers.attachment import NamespaceRequirements
 
 __all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "MIN_MAX_RESPONSE_BYTES",
     "TOOL_NAME_RULE",
     "AgentSpec",
     "AuthSettings",
@@ -107,6 +109,11 @@ class GatewaySettings:
                 raise ConfigError(f"gateway.{key} must be at least {least}")
 
 
+#: An upstream message past this many bytes ends its call (``servers.NAME.max_response_bytes``).
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+MIN_MAX_RESPONSE_BYTES = 1024
+
+
 @dataclass(frozen=True)
 class ServerSpec:
     """One upstream MCP server: Streamable HTTP (``url``) or a stdio process (``command``)."""
@@ -130,6 +137,9 @@ class ServerSpec:
     # Issue 9: reads, gets and completions of this server keep their parameters and results in the
     # audit entry, not only their digests (an operator's opt-in: contents are otherwise never stored).
     audit_contents: bool = False
+    # Issue #13 hardening: the largest upstream message read (a JSON body, an SSE event's data, a
+    # stdio line); past it reading stops and that connection is dropped (UpstreamResponseTooLarge).
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "headers", _frozen_map(self.headers))
@@ -145,6 +155,10 @@ class ServerSpec:
             raise ConfigError(f"servers.{self.name}.era must be auto, session or sessionless")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ConfigError(f"servers.{self.name}.timeout_s must be positive")
+        if self.max_response_bytes < MIN_MAX_RESPONSE_BYTES:
+            raise ConfigError(
+                f"servers.{self.name}.max_response_bytes must be at least {MIN_MAX_RESPONSE_BYTES}"
+            )
 
 
 @dataclass(frozen=True)

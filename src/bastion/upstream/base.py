@@ -26,6 +26,9 @@ from typing import Any, Protocol
 
 import anyio.abc
 
+from bastion.errors import UpstreamProtocolError
+from bastion.wire_value import wire_problem
+
 __all__ = [
     "RESOURCE_UPDATED",
     "SURFACE_LIST_CHANGED",
@@ -54,6 +57,21 @@ class UpstreamReplied(Exception):
     def __init__(self, error: Mapping[str, Any]) -> None:
         self.error = dict(error)
         super().__init__(str(self.error.get("message", "upstream error")))
+
+    @classmethod
+    def checked(cls, error: Mapping[str, Any]) -> UpstreamReplied:
+        """The upstream's error object, to relay, once it is known to cross the wire (issue #12).
+
+        Raises:
+            UpstreamProtocolError: it holds what cannot be relayed (NaN, a lone surrogate,
+                nesting too deep), named in ``problem``; the upstream may have acted.
+        """
+        problem = wire_problem(error)
+        if problem is not None:
+            raise UpstreamProtocolError(
+                "Upstream answered an error the gateway cannot relay", may_have_acted=True, problem=problem
+            )
+        return cls(error)
 
 
 class ClientDeclined(Exception):

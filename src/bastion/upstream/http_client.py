@@ -10,7 +10,9 @@ and four failures of their own, so the typed errors of ``errors.py`` are decided
   connect bound, which covers waiting for a free pooled connection);
 - :class:`HttpTimeout`: no byte within the read bound once sent;
 - :class:`StreamBroken`: the connection broke after the request may have been sent;
-- all three are :class:`HttpFailure`.
+- all three are :class:`HttpFailure`;
+- :class:`BodyOverLimit` (not an ``HttpFailure``: the exchange worked, the body is too large):
+  a body read with a ``limit`` passed it; reading stopped there and the connection is closed.
 
 Owns: one connection pool per gateway process (per host at most ``max_connections``),
 kept-alive connections, the connect and read bounds. A response read to its end goes
@@ -28,7 +30,10 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDictProxy
 
+from bastion.policy.snapshot import DEFAULT_MAX_RESPONSE_BYTES
+
 __all__ = [
+    "BodyOverLimit",
     "ConnectError",
     "HttpFailure",
     "HttpTimeout",
@@ -39,6 +44,8 @@ __all__ = [
 
 _UNSET: Any = object()
 _KEEPALIVE_S = 4.0
+# A body read only to be dropped (``request``): past this, the connection is closed instead.
+_DROPPED_BODY_BYTES = 1024 * 1024
 
 
 class HttpFailure(Exception):
@@ -55,6 +62,14 @@ class HttpTimeout(HttpFailure):
 
 class StreamBroken(HttpFailure):
     """The connection broke after the request may have been sent."""
+
+
+class BodyOverLimit(Exception):
+    """A body passed the bound it was read with; no more of it was read."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"body over {limit} bytes")
+        self.limit = limit
 
 
 def _failure(exc: BaseException) -> HttpFailure:
@@ -85,12 +100,39 @@ class UpstreamResponse:
                 return
             yield chunk
 
-    async def aread(self) -> bytes:
-        """The whole body. Raises ``HttpFailure``."""
+    async def aread(self, limit: int = DEFAULT_MAX_RESPONSE_BYTES) -> bytes:
+        """The whole body, read chunk by chunk and never past ``limit`` bytes.
+
+        Raises:
+            BodyOverLimit: the body (or its declared length) passed ``limit``; reading stopped.
+            HttpFailure: the connection failed.
+        """
+        # A declared length counts the encoded bytes; a compressed body is bounded as it is decoded.
+        declared = self._response.content_length
+        if declared is not None and declared > limit:
+            raise BodyOverLimit(limit)
         try:
-            return await self._response.read()
+            if declared is not None and self.headers.get("content-encoding", "identity") == "identity":
+                return await self._response.read()  # the parser reads no byte past the declared length
+            pieces: list[bytes] = []
+            size = 0
+            while chunk := await self._response.content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise BodyOverLimit(limit)
+                pieces.append(chunk)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _failure(exc) from exc
+        return b"".join(pieces)
+
+    async def drop_body(self, limit: int = _DROPPED_BODY_BYTES) -> None:
+        """Read the body to its end without keeping it (the connection then goes back to the pool);
+        past ``limit`` bytes stop (``close`` then closes the connection). Raises ``HttpFailure``."""
+        size = 0
+        async for chunk in self.aiter_bytes():
+            size += len(chunk)
+            if size > limit:
+                return
 
     def close(self) -> None:
         """Give the connection back if the body was read to its end, else close it."""
@@ -168,11 +210,11 @@ class UpstreamHttp:
         content: bytes | None = None,
         read_timeout_s: float | None = _UNSET,
     ) -> UpstreamResponse:
-        """Send and read the whole response (its body is then dropped). Raises ``HttpFailure``."""
+        """Send and read the response; its body is dropped, never kept. Raises ``HttpFailure``."""
         async with self.stream(
             method, url, headers=headers, content=content, read_timeout_s=read_timeout_s
         ) as response:
-            await response.aread()
+            await response.drop_body()
             return response
 
     async def __aenter__(self) -> UpstreamHttp:

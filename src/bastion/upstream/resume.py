@@ -36,6 +36,7 @@ from typing import Any
 
 import anyio
 
+from bastion.policy.snapshot import DEFAULT_MAX_RESPONSE_BYTES
 from bastion.upstream.http_client import HttpFailure, UpstreamResponse
 from bastion.upstream.sse import SseCursor, iter_sse_messages
 
@@ -57,6 +58,7 @@ async def messages_resuming(
     is_last: Callable[[dict[str, Any]], bool] | None = None,
     max_quiet: int = 3,
     on_pause: Callable[[int | None], Awaitable[None]] | None = None,
+    max_event_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> AsyncGenerator[dict[str, Any], None]:
     """The messages of ``response``, then of each resumed stream, until one ends for good.
 
@@ -65,6 +67,8 @@ async def messages_resuming(
 
     Raises:
         UpstreamProtocolError: an event whose data is not a JSON object.
+        UpstreamResponseTooLarge: an event over ``max_event_bytes`` (never resumed past: the
+            replay would hold the same event).
         HttpFailure: the stream broke and cannot be resumed (no id, no ``reconnect``).
     """
     cursor = SseCursor()
@@ -73,7 +77,7 @@ async def messages_resuming(
         source = response
         while True:
             seen = cursor.events
-            messages = iter_sse_messages(source.aiter_bytes(), cursor)
+            messages = iter_sse_messages(source.aiter_bytes(), cursor, max_event_bytes=max_event_bytes)
             ended = False
             try:
                 async for message in messages:

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from bastion.errors import UpstreamProtocolError
+from bastion.policy.snapshot import DEFAULT_MAX_RESPONSE_BYTES
 from bastion.upstream.http_client import HttpFailure, UpstreamHttp
 from bastion.upstream.sse import SseCursor, iter_sse_messages
 
@@ -30,11 +31,14 @@ async def follow_session_stream(
     on_message: Callable[[dict[str, Any]], Awaitable[None]],
     *,
     opened: anyio.Event | None = None,
+    max_event_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> None:
     """Hand every message of the stream to ``on_message`` until cancelled or refused.
 
     ``opened`` is set once the first attempt has an answer (or failed), so a caller
-    can wait until messages sent from then on will be seen.
+    can wait until messages sent from then on will be seen. An event over ``max_event_bytes``
+    drops the connection (``UpstreamResponseTooLarge`` is an ``UpstreamProtocolError``); the
+    stream is then reconnected with backoff, as after any break.
     """
     backoff = 0.5
     cursor = SseCursor()  # a reconnection resumes after the last event seen
@@ -52,7 +56,9 @@ async def follow_session_stream(
                 if response.status_code != 200:
                     return
                 backoff = 0.5
-                async for message in iter_sse_messages(response.aiter_bytes(), cursor):
+                async for message in iter_sse_messages(
+                    response.aiter_bytes(), cursor, max_event_bytes=max_event_bytes
+                ):
                     await on_message(message)
         except (HttpFailure, UpstreamProtocolError):
             pass

@@ -15,23 +15,30 @@ Owns: turning an upstream's ``text/event-stream`` bytes into events (WHATWG HTML
 
 MCP sends JSON-RPC in events of the default type ``message``; events of any other type are
 not MCP's and are skipped. A ``message`` whose data is not a JSON object raises
-``UpstreamProtocolError``. The ids and the retry hint are kept in a :class:`SseCursor`, which
-is what resuming a dropped stream with ``Last-Event-ID`` needs. Never does I/O itself.
+``UpstreamProtocolError``; one whose data (or any one line) passes ``max_event_bytes`` raises
+``UpstreamResponseTooLarge`` as soon as the bound is crossed, never holding more than that
+(the server's ``max_response_bytes``). The ids and the retry hint are kept in a
+:class:`SseCursor`, which is what resuming a dropped stream with ``Last-Event-ID`` needs.
+Never does I/O itself.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bastion.errors import UpstreamProtocolError
+from bastion.errors import UpstreamProtocolError, UpstreamResponseTooLarge
+from bastion.policy.snapshot import DEFAULT_MAX_RESPONSE_BYTES
+from bastion.upstream.lines import ANY_LINE_END, LineOverLimit, LineSplitter
 
 __all__ = ["SseCursor", "SseEvent", "iter_sse_events", "iter_sse_messages"]
 
-_BOM = "\ufeff"
+_BOM = b"\xef\xbb\xbf"
+_COLON = 0x3A
+# A line holds its field name besides the event's data.
+_FIELD_ROOM = 64
 
 
 @dataclass(frozen=True)
@@ -52,80 +59,83 @@ class SseCursor:
     events: int = field(default=0)
 
 
-async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """(1) Decoded lines ending at CRLF, LF or CR; a CR at a chunk's end waits for the next chunk's LF."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    buffer = ""
-    first = True
-    async for chunk in chunks:
-        buffer += decoder.decode(chunk)
-        if first and buffer:
-            buffer = buffer.removeprefix(_BOM)
-            first = False
-        start = 0
-        while True:
-            cr, lf = buffer.find("\r", start), buffer.find("\n", start)
-            if cr == -1 and lf == -1:
-                break
-            if cr != -1 and (lf == -1 or cr < lf):
-                if cr + 1 == len(buffer):
-                    break  # maybe CRLF split across chunks: decide with the next chunk
-                yield buffer[start:cr]
-                start = cr + 2 if buffer[cr + 1] == "\n" else cr + 1
-            else:
-                yield buffer[start:lf]
-                start = lf + 1
-        buffer = buffer[start:]
-    buffer += decoder.decode(b"", final=True)
-    if buffer.endswith("\r"):
-        yield buffer[:-1]
-    # (6) Anything after the last line end is an unfinished line: discarded.
-
-
 async def iter_sse_events(
-    chunks: AsyncIterator[bytes], cursor: SseCursor | None = None
+    chunks: AsyncIterator[bytes],
+    cursor: SseCursor | None = None,
+    *,
+    max_event_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> AsyncIterator[SseEvent]:
-    """Every dispatched event of the stream, updating ``cursor`` (ids, retry) as lines arrive."""
+    """Every dispatched event of the stream, updating ``cursor`` (ids, retry) as lines arrive.
+
+    Raises:
+        UpstreamResponseTooLarge: an event's data (or one line) passed ``max_event_bytes``.
+    """
     cursor = cursor if cursor is not None else SseCursor()
-    data: list[str] = []
+    data: list[bytes] = []
+    size = 0
     event_type = ""
     id_buffer = cursor.last_event_id
-    async for line in _lines(chunks):
-        if line == "":
-            # (4, 5) The id counts at dispatch even when no event is dispatched.
-            cursor.last_event_id = id_buffer
-            joined = "\n".join(data)
-            if joined:
-                cursor.events += 1
-                yield SseEvent(event_type or "message", joined, cursor.last_event_id)
-            data, event_type = [], ""
-            continue
-        if line.startswith(":"):
-            continue  # (2) a comment
-        name, colon, value = line.partition(":")
-        if colon and value.startswith(" "):
-            value = value[1:]  # (3)
-        if name == "data":
-            data.append(value)
-        elif name == "event":
-            event_type = value
-        elif name == "id":
-            if "\0" not in value:
-                id_buffer = value
-        elif name == "retry" and value and value.isascii() and value.isdigit():
-            cursor.retry_ms = int(value)
+    first = True
+    splitter = LineSplitter(max_event_bytes + _FIELD_ROOM, ANY_LINE_END)
+    async for chunk in chunks:
+        try:
+            lines = splitter.feed(chunk)
+        except LineOverLimit as exc:
+            raise UpstreamResponseTooLarge(
+                f"upstream sent an SSE line over {exc.limit} bytes", limit_bytes=exc.limit
+            ) from exc
+        if first and lines:
+            lines[0], first = lines[0].removeprefix(_BOM), False  # (1)
+        for line in lines:
+            if not line:
+                # (4, 5) The id counts at dispatch even when no event is dispatched.
+                cursor.last_event_id = id_buffer
+                joined = b"\n".join(data)
+                if joined:
+                    cursor.events += 1
+                    yield SseEvent(event_type or "message", _text(joined), cursor.last_event_id)
+                data, size, event_type = [], 0, ""
+                continue
+            if line[0] == _COLON:
+                continue  # (2) a comment
+            name, colon, value = line.partition(b":")
+            if colon and value[:1] == b" ":
+                value = value[1:]  # (3)
+            if name == b"data":
+                data.append(value)
+                size += len(value) + 1
+                if size > max_event_bytes + 1:
+                    raise UpstreamResponseTooLarge(
+                        f"upstream sent an SSE event over {max_event_bytes} bytes",
+                        limit_bytes=max_event_bytes,
+                    )
+            elif name == b"event":
+                event_type = _text(value)
+            elif name == b"id":
+                if b"\0" not in value:
+                    id_buffer = _text(value)
+            elif name == b"retry" and value and value.isdigit():
+                cursor.retry_ms = int(value)  # bytes.isdigit: ASCII digits only
     # (6) An event not ended by an empty line is discarded.
 
 
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
 async def iter_sse_messages(
-    chunks: AsyncIterator[bytes], cursor: SseCursor | None = None
+    chunks: AsyncIterator[bytes],
+    cursor: SseCursor | None = None,
+    *,
+    max_event_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> AsyncGenerator[dict[str, Any], None]:
     """The JSON-RPC messages of the stream's ``message`` events.
 
     Raises:
         UpstreamProtocolError: a ``message`` event whose data is not a JSON object.
+        UpstreamResponseTooLarge: an event's data passed ``max_event_bytes`` (read no further).
     """
-    async for event in iter_sse_events(chunks, cursor):
+    async for event in iter_sse_events(chunks, cursor, max_event_bytes=max_event_bytes):
         if event.event != "message":
             continue
         try:

@@ -37,6 +37,7 @@ from bastion.errors import (
     OutcomeUnknown,
     UpstreamError,
     UpstreamProtocolError,
+    UpstreamResponseTooLarge,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
@@ -55,6 +56,7 @@ from bastion.upstream.base import (
 from bastion.upstream.delivery import NotificationBuffer
 from bastion.upstream.failure import describe_exit, describe_failure
 from bastion.upstream.input_rounds import ParkedRounds, asks_in_rounds, round_trip
+from bastion.upstream.lines import LineOverLimit, LineSplitter
 from bastion.upstream.relay import RequestRelay
 from bastion.versions import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION
 
@@ -62,7 +64,6 @@ __all__ = ["StdioUpstream"]
 
 logger = logging.getLogger(__name__)
 
-_MAX_LINE = 16 * 1024 * 1024
 # Capabilities declared to a shared stdio process. Each relayed request is still
 # checked against the capabilities of the one client it would reach.
 _DECLARED_CAPABILITIES = {"sampling": {}, "elicitation": {}, "roots": {"listChanged": True}}
@@ -76,6 +77,8 @@ class _Pending:
     done: anyio.Event = field(default_factory=anyio.Event)
     reply: dict[str, Any] | None = None
     lost: bool = False
+    # Why it was lost when the cause is known (an oversized message); else OutcomeUnknown.
+    lost_because: Callable[[], UpstreamError] | None = None
 
 
 class StdioUpstream:
@@ -119,6 +122,8 @@ class StdioUpstream:
         self.restarts = 0
         self.pid: int | None = None
         self._closing = False
+        # Set when this process is ended for a known cause: its calls in flight fail with it.
+        self._lost_because: Callable[[], UpstreamError] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -226,9 +231,10 @@ class StdioUpstream:
 
     def _fail_pending(self) -> None:
         for pending in self._pending.values():
-            pending.lost = True
+            pending.lost, pending.lost_because = True, self._lost_because
             pending.done.set()
         self._pending.clear()
+        self._lost_because = None
 
     async def _stop_process(self, process: anyio.abc.Process | None = None) -> None:
         process = process or self._process
@@ -254,20 +260,34 @@ class StdioUpstream:
                     logger.debug("upstream %s stderr: %s", self.name, line[:500])
 
     async def _read_loop(self, process: anyio.abc.Process, scope: anyio.CancelScope) -> None:
+        """Hand each line to ``_on_line``; a line past ``max_response_bytes`` ends the process.
+
+        No more than the bound (plus one chunk) is ever held: past it, reading stops, the
+        process is killed (its calls in flight fail with ``UpstreamResponseTooLarge``) and the
+        supervisor starts it again.
+        """
         assert process.stdout is not None
-        buffer = b""
+        limit = self.spec.max_response_bytes
+        splitter = LineSplitter(limit)
         async for chunk in process.stdout:
-            buffer += chunk
-            if len(buffer) > _MAX_LINE:
-                logger.warning("upstream %s wrote an oversized line; restarting it", self.name)
-                with contextlib.suppress(ProcessLookupError, OSError):
-                    os.killpg(process.pid, signal.SIGKILL)
+            try:
+                lines = splitter.feed(chunk)
+            except LineOverLimit:
+                self._drop_oversized(process, limit)
                 return
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
+            for line in lines:
                 if line.strip():
                     await self._on_line(line)
             await anyio.lowlevel.checkpoint()  # let request pumps drain between chunks
+
+    def _drop_oversized(self, process: anyio.abc.Process, limit: int) -> None:
+        logger.warning("upstream %s wrote a message over %d bytes; restarting it", self.name, limit)
+        self._lost_because = lambda: UpstreamResponseTooLarge(
+            f"upstream {self.name} wrote a message over {limit} bytes; its process was restarted",
+            limit_bytes=limit,
+        )
+        with contextlib.suppress(ProcessLookupError, OSError):
+            os.killpg(process.pid, signal.SIGKILL)
 
     async def _on_line(self, line: bytes) -> None:
         try:
@@ -424,11 +444,13 @@ class StdioUpstream:
                     )
         if pending.buffer.overflowed:
             raise OutcomeUnknown(f"upstream {self.name}: the client stopped reading its stream; call cut")
+        if pending.lost_because is not None:
+            raise pending.lost_because()
         if pending.lost or pending.reply is None:
             raise OutcomeUnknown(f"upstream {self.name} exited before answering")
         reply = pending.reply
         if isinstance(reply.get("error"), dict):
-            raise UpstreamReplied(reply["error"])
+            raise UpstreamReplied.checked(reply["error"])
         result = reply.get("result")
         if not isinstance(result, dict):
             raise UpstreamProtocolError(f"upstream {self.name} answered without a result object")

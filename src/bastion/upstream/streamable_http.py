@@ -21,7 +21,7 @@ import dataclasses
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from bastion.errors import (
     OutcomeUnknown,
     UpstreamError,
     UpstreamProtocolError,
+    UpstreamResponseTooLarge,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
@@ -58,6 +59,7 @@ from bastion.upstream.era_paths import (
 )
 from bastion.upstream.failure import describe_failure
 from bastion.upstream.http_client import (
+    BodyOverLimit,
     ConnectError,
     HttpFailure,
     HttpTimeout,
@@ -584,7 +586,11 @@ class HttpUpstream:
         if status >= 500:
             raise OutcomeUnknown(f"upstream {self.name} answered HTTP {status}")
         if content_type.startswith("application/json"):
-            raw = await response.aread()
+            try:
+                raw = await response.aread(self.spec.max_response_bytes)
+            except BodyOverLimit as exc:
+                # Read no further: leaving the stream closes this connection (http_client.py).
+                raise self._too_large("a JSON body") from exc
             try:
                 message = json.loads(raw)
             except ValueError as exc:
@@ -600,8 +606,9 @@ class HttpUpstream:
             self._reconnect(upstream_session),
             is_last=lambda m: "method" not in m and m.get("id") == request_id,
             on_pause=relay.on_pause,
+            max_event_bytes=self.spec.max_response_bytes,
         )
-        with single_exception():
+        with self._event_bound(), single_exception():
             async with contextlib.aclosing(messages), anyio.create_task_group() as tg:
                 async for message in messages:
                     if "method" in message:
@@ -625,6 +632,20 @@ class HttpUpstream:
         if final is None:
             raise OutcomeUnknown(f"upstream {self.name} closed the stream without a result")
         return self._final(final, request_id, status)
+
+    @contextlib.contextmanager
+    def _event_bound(self) -> Iterator[None]:
+        """An SSE event over the bound ends the call naming this upstream (the stream is then closed)."""
+        try:
+            yield
+        except UpstreamResponseTooLarge as exc:
+            raise self._too_large("an SSE event") from exc
+
+    def _too_large(self, what: str) -> UpstreamResponseTooLarge:
+        limit = self.spec.max_response_bytes
+        return UpstreamResponseTooLarge(
+            f"upstream {self.name} answered {what} over {limit} bytes", limit_bytes=limit
+        )
 
     def _reconnect(self, upstream_session: HttpUpstreamSession | None) -> Reconnect | None:
         """How a dropped response stream of this upstream session resumes (``upstream/resume.py``)."""
@@ -697,7 +718,7 @@ class HttpUpstream:
                 f"upstream {self.name} answered a different request", may_have_acted=True
             )
         if "error" in message and isinstance(message["error"], dict):
-            raise UpstreamReplied(message["error"])
+            raise UpstreamReplied.checked(message["error"])
         result = message.get("result")
         if status >= 400 or not isinstance(result, dict):
             raise UpstreamProtocolError(f"upstream {self.name} answered HTTP {status} without a result")
@@ -735,7 +756,13 @@ class HttpUpstream:
         async def on_message(message: dict[str, Any]) -> None:
             await self._on_session_message(message, catalog)
 
-        await follow_session_stream(self._client, self.url, self._session_headers(catalog), on_message)
+        await follow_session_stream(
+            self._client,
+            self.url,
+            self._session_headers(catalog),
+            on_message,
+            max_event_bytes=self.spec.max_response_bytes,
+        )
 
     async def _on_session_message(
         self, message: dict[str, Any], upstream_session: HttpUpstreamSession
@@ -787,7 +814,12 @@ class HttpUpstream:
         async def follow() -> None:
             with scope:
                 await follow_session_stream(
-                    self._client, self.url, self._session_headers(upstream_session), on_message, opened=opened
+                    self._client,
+                    self.url,
+                    self._session_headers(upstream_session),
+                    on_message,
+                    opened=opened,
+                    max_event_bytes=self.spec.max_response_bytes,
                 )
 
         self._task_group.start_soon(follow)

@@ -454,7 +454,27 @@ INVALID = [
         "must be true or false",
         id="audit-contents-not-a-boolean",
     ),
+    pytest.param(
+        MINIMAL + 'max_response_bytes = "16MiB"\n',
+        "servers.notes.max_response_bytes",
+        "expected an integer, got a string",
+        id="max-response-bytes-not-an-integer",
+    ),
+    pytest.param(
+        MINIMAL + "max_response_bytes = 100\n",
+        "servers.notes.max_response_bytes",
+        "must be at least 1024",
+        id="max-response-bytes-too-small",
+    ),
 ]
+
+
+def test_max_response_bytes_defaults_to_16_mib_and_is_per_server(tmp_path: Path) -> None:
+    """Every server reads at most 16 MiB per upstream message unless its own table says otherwise."""
+    text = MINIMAL + '\n[servers.tools]\nurl = "http://127.0.0.1:9000/mcp"\nmax_response_bytes = 65536\n'
+    snapshot = load_snapshot(write(tmp_path, text), environ={})
+    assert snapshot.servers["notes"].max_response_bytes == 16 * 1024 * 1024
+    assert snapshot.servers["tools"].max_response_bytes == 65536
 
 
 @pytest.mark.parametrize(("text", "key_path", "defect"), INVALID)
