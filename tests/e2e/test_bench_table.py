@@ -18,6 +18,7 @@ from types import ModuleType
 import pytest
 
 from bastion.testing.pg_cluster import PostgresUnavailable, find_bindir
+from tests.e2e.conftest import Upstream
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -109,3 +110,21 @@ def test_two_builds_are_shown_side_by_side(monkeypatch: pytest.MonkeyPatch) -> N
         assert label in text
     assert "failed: boom" in text
     assert {row.status for row in before} == {"n/a"}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "modern"])
+def test_instructions_driver_makes_its_calls_through_and_direct(tools_upstream: Upstream, mode: str) -> None:
+    """bench/instructions.py makes every call asked, through a gateway and straight to the upstream."""
+    port = tools_upstream.url.split(":")[-1].split("/")[0]
+    command = [sys.executable, str(REPO / "bench" / "instructions.py"), "--upstream-port", port]
+    for extra in ([], ["--direct"]):
+        done = subprocess.run(
+            [*command, "--mode", mode, "--calls", "4", *extra],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "calls 4 errors 0" in done.stderr
