@@ -72,18 +72,17 @@ def _bench_module(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return module
 
 
+def _bench(script: str, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``bench/<script>`` from the repository, output captured, bounded by ``timeout_s``."""
+    command = [sys.executable, str(REPO / "bench" / script), *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
 @pytest.mark.timeout(900)
 def test_quick_table_has_a_row_for_every_target(tmp_path: Path) -> None:
     """A tiny quick run prints one row per target and writes them, each measured, as JSON."""
     out_dir = tmp_path / "results"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "table.py"), *TINY, "--out-dir", str(out_dir)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=840,
-        check=False,
-    )
+    done = _bench("table.py", *TINY, "--out-dir", str(out_dir), timeout_s=840)
     assert done.returncode == 0, done.stderr[-3000:]
     table = json.loads((out_dir / "table.json").read_text())
     (rows,) = table["rows"].values()
@@ -116,15 +115,7 @@ def test_two_builds_are_shown_side_by_side(monkeypatch: pytest.MonkeyPatch) -> N
 def test_instructions_driver_makes_its_calls_through_and_direct(tools_upstream: Upstream, mode: str) -> None:
     """bench/instructions.py makes every call asked, through a gateway and straight to the upstream."""
     port = tools_upstream.url.split(":")[-1].split("/")[0]
-    command = [sys.executable, str(REPO / "bench" / "instructions.py"), "--upstream-port", port]
     for extra in ([], ["--direct"]):
-        done = subprocess.run(
-            [*command, "--mode", mode, "--calls", "4", *extra],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = _bench("instructions.py", "--upstream-port", port, "--mode", mode, "--calls", "4", *extra)
         assert done.returncode == 0, done.stderr[-2000:]
         assert "calls 4 errors 0" in done.stderr

@@ -31,7 +31,7 @@ import httpx
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from bastion.admission.binding import compute_binding
+from bastion.admission.binding import bind_call
 from bastion.app import create_app
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
@@ -110,7 +110,7 @@ class Attempt:
 
     @property
     def binding(self) -> str:
-        return compute_binding("tools", "increment", self.arguments)
+        return bind_call("tools", "increment", self.arguments)[0]
 
 
 async def _client_processes(

@@ -20,27 +20,22 @@ import rfc8785
 from bastion.crypto.jcs import canonical_json
 from bastion.errors import InvalidParams
 
-__all__ = ["bind_call", "compute_binding"]
+__all__ = ["bind_call"]
 
 
-def compute_binding(server: str, tool: str, arguments: Mapping[str, Any] | None) -> str:
-    """The lowercase SHA-256 hex binding of one resolved call.
+def bind_call(server: str, tool: str, arguments: Mapping[str, Any] | None) -> tuple[str, str]:
+    """The lowercase SHA-256 hex binding of one resolved call, and the arguments' audit digest
+    (``sha256:<hex>``), canonicalizing the arguments once.
 
     Absent arguments (``None``) bind as ``{}``: MCP treats the two alike. Raises
     :class:`InvalidParams` (``field="arguments"``) when the arguments have no
     canonical form (a NaN, an integer beyond the I-JSON range, a non-JSON type):
     a binding that cannot be verified admits nothing (DESIGN section 9).
-    """
-    return bind_call(server, tool, arguments)[0]
-
-
-def bind_call(server: str, tool: str, arguments: Mapping[str, Any] | None) -> tuple[str, str]:
-    """The binding and the arguments' audit digest (``sha256:<hex>``), canonicalizing them once.
 
     The binding document's canonical form is spelled around the arguments' own: its keys
     ``arguments``, ``server``, ``tool`` are ASCII, so RFC 8785 orders them so, and a member's
     canonical form does not depend on its neighbours (``tests/unit/admission`` holds this
-    equal to ``canonical_json`` of the whole document). Raises as :func:`compute_binding`.
+    equal to ``canonical_json`` of the whole document).
     """
     try:
         args = canonical_json(dict(arguments or {}))

@@ -9,7 +9,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bastion.admission.binding import bind_call, compute_binding
+from bastion.admission.binding import bind_call
 from bastion.errors import InvalidParams
 
 
@@ -17,13 +17,13 @@ def test_known_vector() -> None:
     """The binding is SHA-256 over the canonical bytes, keys sorted, no whitespace, UTF-8."""
     canonical = '{"arguments":{"a":1,"b":[true,null,"é"],"c":1.5},"server":"git","tool":"push"}'
     expected = hashlib.sha256(canonical.encode()).hexdigest()
-    assert compute_binding("git", "push", {"c": 1.5, "b": [True, None, "é"], "a": 1}) == expected
+    assert bind_call("git", "push", {"c": 1.5, "b": [True, None, "é"], "a": 1})[0] == expected
 
 
 def test_key_order_and_number_spelling_do_not_matter() -> None:
     """Equal JSON values bind equally, whatever the order of keys or the spelling of numbers."""
-    one = compute_binding("s", "t", {"x": {"p": 1, "q": 2}, "y": 10.0})
-    two = compute_binding("s", "t", {"y": 10, "x": {"q": 2, "p": 1}})
+    one = bind_call("s", "t", {"x": {"p": 1, "q": 2}, "y": 10.0})[0]
+    two = bind_call("s", "t", {"y": 10, "x": {"q": 2, "p": 1}})[0]
     assert one == two
 
 
@@ -39,22 +39,22 @@ def test_key_order_and_number_spelling_do_not_matter() -> None:
 )
 def test_any_change_changes_the_binding(server: str, tool: str, arguments: dict[str, object]) -> None:
     """Server, tool and every argument value are bound."""
-    assert compute_binding(server, tool, arguments) != compute_binding("s", "t", {"x": 1})
+    assert bind_call(server, tool, arguments)[0] != bind_call("s", "t", {"x": 1})[0]
 
 
 def test_fields_cannot_be_shifted_between_server_and_tool() -> None:
     """The structure is hashed, not a concatenation: ('ab', 'c') differs from ('a', 'bc')."""
-    assert compute_binding("ab", "c", {}) != compute_binding("a", "bc", {})
+    assert bind_call("ab", "c", {})[0] != bind_call("a", "bc", {})[0]
 
 
 def test_absent_arguments_bind_as_empty_object() -> None:
     """MCP treats absent arguments as none: None and {} bind the same."""
-    assert compute_binding("s", "t", None) == compute_binding("s", "t", {})
+    assert bind_call("s", "t", None)[0] == bind_call("s", "t", {})[0]
 
 
 def test_binding_is_lowercase_sha256_hex() -> None:
     """64 lowercase hex digits, the form the store accepts."""
-    value = compute_binding("s", "t", {"k": "v"})
+    value = bind_call("s", "t", {"k": "v"})[0]
     assert len(value) == 64 and value == value.lower() and int(value, 16) >= 0
 
 
@@ -62,7 +62,7 @@ def test_binding_is_lowercase_sha256_hex() -> None:
 def test_arguments_without_canonical_form_are_refused(bad: object) -> None:
     """A binding that cannot be computed admits nothing: InvalidParams naming the arguments, not the value."""
     with pytest.raises(InvalidParams) as caught:
-        compute_binding("s", "t", {"v": bad})
+        bind_call("s", "t", {"v": bad})[0]
     assert caught.value.data["field"] == "arguments"
     assert str(bad) not in str(caught.value)
 
