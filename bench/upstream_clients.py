@@ -1,4 +1,4 @@
-"""Client CPU per upstream request: httpx2 (what Bastion uses) against aiohttp, same upstream, same load.
+"""Client CPU per upstream request: Bastion's own client against httpx2 and aiohttp, same upstream, same load.
 
 Starts the bundled example upstream (``bastion.examples.tools_server``) and sends it
 ``tools/call`` requests of the echo tool the way Bastion's upstream side does: one pooled
@@ -9,7 +9,9 @@ answers); ``--era sessionless`` sends independent 2026-07-28 requests (JSON answ
 Only this process's CPU is counted (``time.process_time``), per request, for each client
 in turn, ``--rounds`` times alternating; the median per client is reported. Nothing else
 runs in this process, so the figure is the client's own cost of a request (plus the
-shared event loop). aiohttp is optional: without it only httpx2 is measured.
+shared event loop). ``bastion`` is ``upstream/http_client.py`` (HTTP/1.1 on httptools,
+what Bastion uses); httpx2 was Bastion's client before issue #13, aiohttp after it; aiohttp is
+optional (a dev dependency): without it, it is left out.
 
     .venv/bin/python bench/upstream_clients.py --era session --requests 2000 --concurrency 16
 """
@@ -74,6 +76,19 @@ def _httpx2(url: str) -> tuple[Post, Callable[[], Awaitable[None]]]:
     return post, client.aclose
 
 
+def _bastion(url: str) -> tuple[Post, Callable[[], Awaitable[None]]]:
+    from bastion.upstream.http_client import UpstreamHttp
+
+    client = UpstreamHttp(read_timeout_s=30, connect_timeout_s=5.0)
+
+    async def post(headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        async with client.stream("POST", url, headers=headers, content=body) as response:
+            chunks = [chunk async for chunk in response.aiter_bytes()]
+            return response.status_code, dict(response.headers), b"".join(chunks)
+
+    return post, client.aclose
+
+
 def _aiohttp(url: str) -> tuple[Post, Callable[[], Awaitable[None]]]:
     import aiohttp
 
@@ -119,7 +134,7 @@ async def _worker(post: Post, era: str, count: int, counter: list[int]) -> None:
 
 
 async def _measure(name: str, url: str, args: argparse.Namespace) -> float:
-    post, close = _httpx2(url) if name == "httpx2" else _aiohttp(url)
+    post, close = {"httpx2": _httpx2, "aiohttp": _aiohttp, "bastion": _bastion}[name](url)
     try:
         await asyncio.gather(*(_worker(post, args.era, 5, [0]) for _ in range(args.concurrency)))  # warm
         per = max(1, args.requests // args.concurrency)
@@ -140,13 +155,13 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    clients = ["httpx2"]
+    clients = ["bastion", "httpx2"]
     try:
         import aiohttp  # noqa: F401
 
         clients.append("aiohttp")
     except ImportError:
-        print("aiohttp not installed: measuring httpx2 only")
+        print("aiohttp not installed: left out")
     with tempfile.TemporaryDirectory() as temp:
         env = dict(os.environ, BASTION_COUNTER_FILE=str(Path(temp) / "counter"))
         argv = [sys.executable, "-m", "bastion.examples.tools_server", "--port", "0"]

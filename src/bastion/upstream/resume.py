@@ -83,7 +83,10 @@ async def messages_resuming(
                 async for message in messages:
                     yield message
                     if is_last is not None and is_last(message):
-                        await _drain(messages)
+                        if source.ended:  # the stream already ended: nothing left to drain
+                            await messages.aclose()
+                        else:
+                            await _drain(messages)
                         return
                 ended = True
             except HttpFailure:

@@ -609,12 +609,15 @@ class HttpUpstream:
             max_event_bytes=self.spec.max_response_bytes,
         )
         with self._event_bound(), single_exception():
-            async with contextlib.aclosing(messages), anyio.create_task_group() as tg:
+            async with contextlib.aclosing(messages), contextlib.AsyncExitStack() as children:
+                tg: anyio.abc.TaskGroup | None = None
                 async for message in messages:
                     if "method" in message:
                         method = message["method"]
                         params = message.get("params") or {}
                         if "id" in message:
+                            if tg is None:  # made only for a stream that asks the client something
+                                tg = await children.enter_async_context(anyio.create_task_group())
                             tg.start_soon(
                                 self._answer_server_request,
                                 message["id"],
@@ -628,7 +631,8 @@ class HttpUpstream:
                         continue
                     if message.get("id") == request_id:
                         final = message  # the last message: the stream is drained and ends
-                tg.cancel_scope.cancel()
+                if tg is not None:
+                    tg.cancel_scope.cancel()
         if final is None:
             raise OutcomeUnknown(f"upstream {self.name} closed the stream without a result")
         return self._final(final, request_id, status)
