@@ -50,6 +50,7 @@ from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
 from bastion.audit.chain import ChainSummary, CloseReason
+from bastion.audit.entry import TS_RE
 from bastion.audit.errors import ClaimMalformed
 from bastion.audit.tee import KIND_CONFIGFS_TSM, KIND_NONE
 from bastion.crypto.jcs import MAX_SAFE_INTEGER, canonical_json
@@ -111,7 +112,6 @@ _SHA256_RE = re.compile(r"sha256:([0-9a-f]{64})")
 _TRUST_DOMAIN_RE = re.compile(r"[a-z0-9._-]+")
 _SEGMENT_RE = re.compile(r"[A-Za-z0-9._-]+")
 _SUBJECT_RE = re.compile(r"spiffe://([a-z0-9._-]+)/agent/([A-Za-z0-9._-]+)")
-_TS_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")
 _ENCODED_PREFIX = "b64."
 _MIN_IAT = 1_700_000_000
 
@@ -378,7 +378,7 @@ def _read_claim_facts(claim: Mapping[str, Any]) -> ClaimFacts:
     if not last_seq_text.isdigit() or not last_seq_text.isascii() or str(int(last_seq_text)) != last_seq_text:
         raise ClaimMalformed(f"chain head reference id {head_id!r} is not <session>#<seq>")
     first_ts, sep, last_ts = refs[REL_TIME_RANGE]["id"].partition("/")
-    if not sep or not _TS_RE.fullmatch(first_ts) or not _TS_RE.fullmatch(last_ts):
+    if not sep or not TS_RE.fullmatch(first_ts) or not TS_RE.fullmatch(last_ts):
         raise ClaimMalformed("time range is not <first ts>/<last ts>")
     attestation_ref = refs[REL_ATTESTATION].get("digest")
     if not isinstance(attestation_ref, str) or not _SHA256_RE.fullmatch(attestation_ref):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -128,6 +129,11 @@ def compute_hash(prev: str, body: dict[str, Any]) -> str:
 def digest_json(value: Any) -> str:
     """``sha256:<hex>`` of the RFC 8785 canonical JSON of ``value`` (arguments, results)."""
     return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+# What format_ts writes, as a verifier checks it: ASCII digits only (``\d`` in a str
+# pattern also matches other scripts' digits).
+TS_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
 
 
 def format_ts(moment: datetime) -> str:

@@ -42,7 +42,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from bastion.audit.chain import ATTESTATION_SEQ, GENESIS_SEQ, ChainSummary, CloseReason
-from bastion.audit.entry import ENTRY_FIELDS, GENESIS_PREV, AuditEvent
+from bastion.audit.entry import ENTRY_FIELDS, GENESIS_PREV, TS_RE, AuditEvent
 from bastion.audit.errors import (
     AttestationInvalid,
     BrokenLink,
@@ -62,7 +62,7 @@ __all__ = ["MAX_LINE", "Stretch", "read_lines", "summarize", "walk_lines"]
 
 #: The longest bundle line accepted; an entry with the largest attestation report is under 100 KiB.
 MAX_LINE = 1 << 22
-_BLOCK = 1 << 20
+_BLOCK = 1 << 18
 
 _FIELD_SET = frozenset(ENTRY_FIELDS)
 _N_FIELDS = len(ENTRY_FIELDS)
@@ -128,7 +128,6 @@ _EVENTS = frozenset(event.value for event in AuditEvent)
 _OPEN = AuditEvent.SESSION_OPEN.value
 _CLOSE = AuditEvent.SESSION_CLOSE.value
 _CLOSE_REASONS = frozenset(reason.value for reason in CloseReason)
-_TS_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")
 _KEY_ID_RE = re.compile(r"[A-Za-z0-9_-]{43}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
 _HASH_MEMBER = b',"hash":"'
@@ -219,7 +218,7 @@ def walk_lines(
         orjson.loads,
         orjson.dumps,
         hashlib.sha256,
-        _TS_RE.fullmatch,
+        TS_RE.fullmatch,
         _get_sorted,
     )
     events, n_fields, field_set, sorted_fields = _EVENTS, _N_FIELDS, _FIELD_SET, _SORTED_FIELDS
@@ -243,7 +242,7 @@ def walk_lines(
             raise MalformedEntry(_field_defect(data), line=lineno, source=source)
         in_order = tuple(data) == sorted_fields
         if in_order:
-            values = tuple(data.values())
+            values = data.values()  # unpacked in place below, no tuple made
         elif len(data) == n_fields and data.keys() == field_set:
             values = get_sorted(data)  # out of order: step (2) below reports it
         else:

@@ -18,7 +18,7 @@ from bastion.ids import WorkerId
 
 __all__ = ["WORKER_ID_RULE", "mint_worker_id"]
 
-WORKER_ID_RULE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}-\d{8}T\d{6}Z-[0-9a-f]{12}$")
+WORKER_ID_RULE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{12}$")
 
 
 def mint_worker_id(name: str, *, now: datetime | None = None) -> WorkerId:

@@ -198,6 +198,18 @@ def test_an_entry_with_its_keys_out_of_order_is_not_canonical(line: int) -> None
     assert caught.value.line == line
 
 
+def test_a_time_spelled_with_other_scripts_digits_is_malformed() -> None:
+    """A ts whose digits are not ASCII (fullwidth, Arabic-Indic) is refused at its line, canonical or not."""
+    for digit in ("\uff12", "\u0662"):
+        lines = VALID_BUNDLE.splitlines(keepends=True)
+        entry = orjson.loads(lines[2])
+        entry["ts"] = digit + entry["ts"][1:]
+        lines[2] = orjson.dumps(entry, option=orjson.OPT_SORT_KEYS) + b"\n"
+        with pytest.raises(MalformedEntry, match="RFC 3339") as caught:
+            verify_bundle(lines, key=KEY)
+        assert caught.value.line == 3
+
+
 def test_a_missing_final_newline_is_accepted() -> None:
     """The last line may lack its newline; that is not a changed byte."""
     verify_bundle(VALID_BUNDLE.rstrip(b"\n").splitlines(keepends=True), key=KEY)
