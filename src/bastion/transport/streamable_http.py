@@ -74,7 +74,7 @@ from bastion.transport.rebinding import check_host_and_origin
 from bastion.transport.relay import StreamRelay
 from bastion.transport.resume import serve_event_stream
 from bastion.transport.sse_out import primes
-from bastion.transport.wire import accepted, meta_of, read_body, reject, watch_disconnect
+from bastion.transport.wire import accepted, disconnect_cancels, meta_of, read_body, reject
 from bastion.upstream.base import UpstreamReplied
 from bastion.versions import (
     HANDSHAKE_VERSIONS,
@@ -358,11 +358,11 @@ class FrontDoor:
                 if cancel_on_disconnect:
                     # Sessionless era: closing the request's stream cancels the request, and so
                     # does revoking its agent session.
-                    with self._track_sessionless(caller.principal, call_scope):
-                        async with anyio.create_task_group() as tg:
-                            tg.start_soon(watch_disconnect, receive, call_scope)
-                            reply, status = await self._dispatch(caller, request, sessionless)
-                            tg.cancel_scope.cancel()
+                    with (
+                        self._track_sessionless(caller.principal, call_scope),
+                        disconnect_cancels(receive, call_scope),
+                    ):
+                        reply, status = await self._dispatch(caller, request, sessionless)
                 else:
                     reply, status = await self._dispatch(caller, request, sessionless)
                 if before_finish is not None:

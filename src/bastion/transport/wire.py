@@ -6,6 +6,9 @@ Plain ASGI helpers shared by ``transport/streamable_http.py`` and
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -15,7 +18,7 @@ from starlette.types import Receive, Send
 from bastion.errors import BastionError, BodyTooLarge, InvalidRequest
 from bastion.transport.jsonrpc import RequestId, dumps, error_message
 
-__all__ = ["accepted", "meta_of", "read_body", "reject", "watch_disconnect"]
+__all__ = ["accepted", "disconnect_cancels", "meta_of", "read_body", "reject", "watch_disconnect"]
 
 
 def meta_of(decoded: dict[str, Any]) -> dict[str, Any]:
@@ -31,6 +34,26 @@ async def watch_disconnect(receive: Receive, call_scope: anyio.CancelScope | Non
             if call_scope is not None:
                 call_scope.cancel()
             return
+
+
+@contextlib.contextmanager
+def disconnect_cancels(receive: Receive, scope: anyio.CancelScope) -> Iterator[None]:
+    """While inside, the client's disconnect cancels ``scope``.
+
+    One plain task watches ``receive``, cancelled on the way out and not waited for: a
+    task group per request would cost a cancel scope and a loop turn more (issue #13).
+    """
+    watcher = asyncio.ensure_future(watch_disconnect(receive, scope))
+    watcher.add_done_callback(_retrieve)
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # a watcher that failed has nothing to cancel; never "never retrieved"
 
 
 async def read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
