@@ -97,6 +97,31 @@ async def test_queued_writes_share_one_transaction_and_keep_their_own_errors(
     assert await store.get_execution(AGENT, ExecutionId("e2")) is None
 
 
+async def test_savepoints_are_taken_only_when_a_write_of_the_batch_fails(
+    sqlite_store: SqliteStore,
+) -> None:
+    """A clean batch runs with no savepoint; one refused write reruns the batch with one per write."""
+    store = sqlite_store
+    w = await new_writer(store, "w-a", "gen")
+    statements: list[str] = []
+    store._writer.set_trace_callback(statements.append)
+    try:
+        clean = await one_batch(store, [reserve(store, w, f"c{n}", B0) for n in range(3)])
+        assert all(isinstance(r, Reserved) for r in clean), clean
+        assert not [s for s in statements if s.startswith("SAVEPOINT")]
+        statements.clear()
+        mixed = await one_batch(
+            store, [reserve(store, w, "m1", B0), reserve(store, w, "c0", B1), reserve(store, w, "m2", B0)]
+        )
+    finally:
+        store._writer.set_trace_callback(None)
+    assert [type(r).__name__ for r in mixed] == ["Reserved", "ExecutionCollision", "Reserved"]
+    assert len([s for s in statements if s.startswith("SAVEPOINT")]) == 3
+    assert statements.count("COMMIT") == 1 and statements.count("ROLLBACK") == 1
+    for eid in ("m1", "m2"):
+        assert await store.get_execution(AGENT, ExecutionId(eid)) is not None
+
+
 async def test_failed_commit_fails_every_write_of_the_batch(sqlite_store: SqliteStore) -> None:
     """If COMMIT fails, every write of the batch raises NotDurable (refusals too) and none is kept."""
     store = sqlite_store
