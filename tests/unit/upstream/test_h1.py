@@ -32,6 +32,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, bool]]
     """Both loops ``bastion serve`` may run on: uvloop calls ``connection_made`` later than asyncio."""
     return ("asyncio", {"use_uvloop": request.param == "uvloop"})
 
+
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
