@@ -41,6 +41,8 @@ __all__ = [
     "HttpTimeout",
     "StreamBroken",
     "Target",
+    "request_head",
+    "target_of",
 ]
 
 # Past this many unread body bytes the socket stops being read until the reader catches up.
