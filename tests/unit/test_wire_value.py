@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from bastion.wire_value import MAX_DEPTH, wire_problem
+from bastion.wire_value import MAX_DEPTH, loads_exact, wire_problem
 
 
 def _nested(depth: int) -> Any:
@@ -32,3 +33,36 @@ def _nested(depth: int) -> Any:
 def test_wire_problem_names_the_first_defect(value: Any, problem: str | None) -> None:
     """NaN/Infinity, lone surrogates and nesting past MAX_DEPTH are named; plain JSON passes."""
     assert wire_problem(value) == problem
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": [1, "ok", null, true, 2.5, {"\\u00e9": "\\u00fc"}]}',
+        '{"big": 123456789012345678901234567890, "neg": -9223372036854775809}',
+        '{"exact": 18446744073709551616, "f": 0.1}',
+        "[NaN, Infinity, -Infinity]",
+        '"\\ud800"',
+        '{"dup": 1, "dup": 2}',
+        "\ufeff{}",
+    ],
+)
+def test_loads_exact_reads_text_and_bytes_as_json_loads_does(text: str) -> None:
+    """orjson's fast path never changes a value: long integers, NaN and lone surrogates read as json does."""
+    for data in (text, text.encode("utf-8", "surrogatepass")):
+        try:
+            expected = json.loads(data)
+        except ValueError:  # a BOM in text (not in bytes): refused by both
+            with pytest.raises(ValueError):
+                loads_exact(data)
+            continue
+        value = loads_exact(data)
+        assert repr(value) == repr(expected)
+        assert wire_problem(value) == wire_problem(expected)
+
+
+@pytest.mark.parametrize("data", [b"", b"{", "[1,", b"\xff", "{'a': 1}"])
+def test_loads_exact_refuses_what_is_not_json(data: bytes | str) -> None:
+    """Text that is not JSON raises ValueError, as json.loads does."""
+    with pytest.raises(ValueError):
+        loads_exact(data)

@@ -12,14 +12,13 @@ revision needs them for correctness.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from bastion.errors import BastionError, InvalidRequest, ParseError
-from bastion.wire_value import wire_problem
+from bastion.wire_value import loads_exact, wire_problem
 
 __all__ = [
     "Notification",
@@ -66,28 +65,14 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, str | int) and not isinstance(value, bool)
 
 
-# 19 digits in a row: maybe an integer outside orjson's exact range (i64 and u64), which it would
-# silently read as a float. Such a body (a false positive is only slower) takes the stdlib path.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
-
-
 def decode_body(body: bytes) -> Any:
-    """The JSON value of ``body``, read exactly as ``json.loads`` reads it.
-
-    orjson reads the common body; whatever it refuses (NaN, a lone surrogate, a BOM, nesting
-    past its limit) or might read inexactly (a 19-digit integer) goes to ``json.loads``, so the
-    values ``parse_message`` and ``wire_problem`` see never depend on the parser.
+    """The JSON value of ``body``, read exactly as ``json.loads`` reads it (:func:`loads_exact`).
 
     Raises:
         ParseError: ``body`` is not JSON (deep nesting and huge numbers included).
     """
-    if _LONG_DIGITS.search(body) is None:
-        try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError:
-            pass
     try:
-        return json.loads(body)
+        return loads_exact(body)
     except (ValueError, RecursionError) as exc:
         raise ParseError() from exc
 

@@ -24,7 +24,6 @@ Never does I/O itself.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 from bastion.errors import UpstreamProtocolError, UpstreamResponseTooLarge
 from bastion.policy.snapshot import DEFAULT_MAX_RESPONSE_BYTES
 from bastion.upstream.lines import ANY_LINE_END, LineOverLimit, LineSplitter
+from bastion.wire_value import loads_exact
 
 __all__ = ["SseCursor", "SseEvent", "iter_sse_events", "iter_sse_messages"]
 
@@ -139,7 +139,7 @@ async def iter_sse_messages(
         if event.event != "message":
             continue
         try:
-            message = json.loads(event.data)
+            message = loads_exact(event.data)
         except ValueError as exc:
             raise UpstreamProtocolError("upstream sent an SSE event that is not JSON") from exc
         if not isinstance(message, dict):

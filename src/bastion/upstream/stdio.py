@@ -59,6 +59,7 @@ from bastion.upstream.input_rounds import ParkedRounds, asks_in_rounds, round_tr
 from bastion.upstream.lines import LineOverLimit, LineSplitter
 from bastion.upstream.relay import RequestRelay
 from bastion.versions import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION
+from bastion.wire_value import loads_exact
 
 __all__ = ["StdioUpstream"]
 
@@ -291,7 +292,7 @@ class StdioUpstream:
 
     async def _on_line(self, line: bytes) -> None:
         try:
-            message = json.loads(line)
+            message = loads_exact(line)
         except ValueError:
             logger.warning("upstream %s wrote a line that is not JSON", self.name)
             return

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
@@ -80,6 +79,7 @@ from bastion.versions import (
     MODERN_VERSION,
     PROTOCOL_VERSION_META_KEY,
 )
+from bastion.wire_value import loads_exact
 
 __all__ = ["HttpUpstream", "HttpUpstreamSession"]
 
@@ -592,7 +592,7 @@ class HttpUpstream:
                 # Read no further: leaving the stream closes this connection (http_client.py).
                 raise self._too_large("a JSON body") from exc
             try:
-                message = json.loads(raw)
+                message = loads_exact(raw)
             except ValueError as exc:
                 raise UpstreamProtocolError(f"upstream {self.name} answered invalid JSON") from exc
             return self._final(message, request_id, status)
