@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import operator
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -94,11 +95,11 @@ class AuditEntry:
         Shallow on purpose (``asdict`` deep-copies ``detail``, which is never mutated
         after construction): this runs for every entry on the hot path.
         """
-        return {name: getattr(self, name) for name in _BODY_FIELDS}
+        return dict(zip(_BODY_FIELDS, _body_values(self), strict=True))
 
     def to_json(self) -> dict[str, Any]:
         """Every field, ``hash`` included, as it is exported."""
-        return {name: getattr(self, name) for name in ENTRY_FIELDS}
+        return dict(zip(ENTRY_FIELDS, _entry_values(self), strict=True))
 
     def seal(self) -> AuditEntry:
         """This entry with its ``hash`` computed over its body and ``prev``."""
@@ -117,6 +118,8 @@ class AuditEntry:
 
 ENTRY_FIELDS: tuple[str, ...] = tuple(AuditEntry.__dataclass_fields__)
 _BODY_FIELDS: tuple[str, ...] = tuple(name for name in ENTRY_FIELDS if name != "hash")
+_entry_values = operator.attrgetter(*ENTRY_FIELDS)
+_body_values = operator.attrgetter(*_BODY_FIELDS)
 
 
 def compute_hash(prev: str, body: dict[str, Any]) -> str:

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 __all__ = ["Fetch", "Op", "OpFactory", "Stmt", "count", "execute", "one", "rows"]
 
@@ -38,8 +37,9 @@ class Fetch(enum.Enum):
     NONE = "none"
 
 
-@dataclass(frozen=True, slots=True)
-class Stmt:
+class Stmt(NamedTuple):
+    """One statement of an operation (a tuple: a dozen are made per governed call)."""
+
     sql: str
     params: tuple[Any, ...]
     fetch: Fetch

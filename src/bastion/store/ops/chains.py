@@ -29,13 +29,25 @@ def select_chain(session_id: EvidenceSessionId, *, lock: bool = False) -> Op[Cha
     return None if row is None else chain_from_row(row)
 
 
-def _insert_entry(entry: AuditEntry, text: str, worker: WorkerId, epoch: Epoch) -> Op[None]:
-    yield from execute(
-        "INSERT INTO entries (session_id, seq, prev, hash, entry, worker, epoch, execution_id, agent)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        entry.session_id, entry.seq, entry.prev, entry.hash, text, worker, epoch, entry.execution_id,
-        entry.agent,
-    )  # fmt: skip
+_INSERT_ENTRIES = (
+    "INSERT INTO entries (session_id, seq, prev, hash, entry, worker, epoch, execution_id, agent) VALUES "
+)
+_ENTRY_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?)"
+#: Rows per INSERT: one statement for the links of a call, well under either engine's parameter limit.
+_ROWS_PER_INSERT = 64
+
+
+def _insert_entries(entries: Sequence[tuple[AuditEntry, str]], worker: WorkerId, epoch: Epoch) -> Op[None]:
+    """Insert linked entries, as few statements as the engines allow (one for a call's links)."""
+    for start in range(0, len(entries), _ROWS_PER_INSERT):
+        chunk = entries[start : start + _ROWS_PER_INSERT]
+        params: list[Any] = []
+        for entry, text in chunk:
+            params += (
+                entry.session_id, entry.seq, entry.prev, entry.hash, text, worker, epoch, entry.execution_id,
+                entry.agent,
+            )  # fmt: skip
+        yield from execute(_INSERT_ENTRIES + ", ".join([_ENTRY_ROW] * len(chunk)), *params)
 
 
 def append(
@@ -63,10 +75,10 @@ def append_links(
     for build in builds:
         entry = build(seq + 1, prev)
         check_link(entry, session_id, seq + 1, prev)
-        yield from _insert_entry(entry, entry_json(entry), worker, epoch)
         assert entry.hash is not None  # check_link refuses an unsealed entry
         seq, prev = entry.seq, entry.hash
         appended.append(entry)
+    yield from _insert_entries([(entry, entry_json(entry)) for entry in appended], worker, epoch)
     yield from execute(
         "UPDATE chains SET head_seq = ?, head_hash = ? WHERE session_id = ?", seq, prev, session_id
     )
@@ -109,12 +121,11 @@ def open_chain(
         " VALUES (?, ?, ?, 0, ?, ?, 0)",
         session_id, genesis.agent, genesis.hash, genesis.hash, generation,
     )  # fmt: skip
-    yield from _insert_entry(genesis, entry_json(genesis), worker, epoch)
     head = genesis
-    for entry, text in following:
+    for entry, _ in following:
         check_link(entry, session_id, head.seq + 1, head.hash or "")
-        yield from _insert_entry(entry, text, worker, epoch)
         head = entry
+    yield from _insert_entries([(genesis, entry_json(genesis)), *following], worker, epoch)
     if following:
         yield from execute(
             "UPDATE chains SET head_seq = ?, head_hash = ? WHERE session_id = ?",

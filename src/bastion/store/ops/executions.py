@@ -1,17 +1,18 @@
 """Operations on execution rows: reservation with its binding, state transitions, recovery.
 
 Each runs in one transaction after :func:`~bastion.store.ops.workers.fence`;
-the row is read ``FOR UPDATE`` (PostgreSQL), so two transitions of one row
-never interleave. Two replicas inserting one new row race on its primary key:
-the loser's engine retries the whole operation, which then classifies the
-winner's row (in flight, collision) like any other.
+the row is read ``FOR UPDATE`` or changed by one conditional ``UPDATE``
+(PostgreSQL row locks), so two transitions of one row never interleave. Two
+replicas inserting one new row meet on its primary key: ``ON CONFLICT DO
+NOTHING`` makes the loser wait for the winner's commit and then read and
+classify the winner's row (in flight, collision) like any other.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from bastion.admission.states import ExecutionState, check_transition
+from bastion.admission.states import TRANSITIONS, ExecutionState, check_transition
 from bastion.errors import Conflict, ExecutionCollision, ExecutionInFlight, ExecutionReplay
 from bastion.ids import AgentId, CallId, Epoch, ExecutionId, WorkerId
 from bastion.store.base import (
@@ -24,9 +25,13 @@ from bastion.store.base import (
 )
 from bastion.store.ops.workers import fence
 from bastion.store.rows import SELECT_EXECUTION, execution_from_row
-from bastion.store.statements import Op, execute, one, rows
+from bastion.store.statements import Op, count, execute, one, rows
 
 _UPDATE_STATE = "UPDATE executions SET state = ?, worker = ?, epoch = ? WHERE agent = ? AND execution_id = ?"
+_INSERT_EXECUTION = (
+    "INSERT INTO executions (agent, execution_id, binding, state, call_id, generation, worker, epoch)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 def select_execution(
@@ -62,14 +67,17 @@ def reserve_fenced(
     if then is not ExecutionState.RESERVED:
         check_transition(ExecutionState.RESERVED, then)
     state = then
+    check_transition(None, ExecutionState.RESERVED)
+    values = (agent, execution_id, binding, state.value, call_id, generation, worker, epoch)
+    # The common case in one statement: a new key is inserted; a known one is left alone and read.
+    if (yield from count(_INSERT_EXECUTION + " ON CONFLICT (agent, execution_id) DO NOTHING", *values)) == 1:
+        return Reserved(
+            ExecutionRecord(agent, execution_id, binding, state, call_id, generation, worker, epoch)
+        )
     row = yield from select_execution(agent, execution_id, lock=True)
     if row is None:
-        check_transition(None, ExecutionState.RESERVED)
-        yield from execute(
-            "INSERT INTO executions (agent, execution_id, binding, state, call_id, generation, worker, epoch)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            agent, execution_id, binding, state.value, call_id, generation, worker, epoch,
-        )  # fmt: skip
+        # Gone between the two statements (no engine deletes rows today): insert it, or raise.
+        yield from execute(_INSERT_EXECUTION, *values)
         return Reserved(
             ExecutionRecord(agent, execution_id, binding, state, call_id, generation, worker, epoch)
         )
@@ -141,8 +149,45 @@ def apply_step(step: ExecutionStep, generation: str, worker: WorkerId, epoch: Ep
             then=step.target,
         )
         return reserved.record
+    moved = yield from _move_if_allowed(step.agent, step.execution_id, step.target, generation, worker, epoch)
+    if moved is not None:
+        return moved
+    # Refused: read the row to say why (or, had it changed in between, to move it after all).
     row = yield from select_execution(step.agent, step.execution_id, lock=True)
     return (yield from _move(row, step.agent, step.execution_id, step.target, generation, worker, epoch))
+
+
+def _move_if_allowed(
+    agent: AgentId,
+    execution_id: ExecutionId,
+    target: ExecutionState,
+    generation: str,
+    worker: WorkerId,
+    epoch: Epoch,
+) -> Op[ExecutionRecord | None]:
+    """:func:`_move` in one statement when the row is this generation's and may move to ``target``.
+
+    ``None`` when no row matched (absent, another generation's, or in a state with no edge
+    to ``target``): the caller reads the row and :func:`_move` raises the precise refusal.
+    """
+    source = _ONLY_SOURCE.get(target)
+    if source is None:
+        return None
+    written = yield from rows(
+        "UPDATE executions SET state = ?, worker = ?, epoch = ?"
+        " WHERE agent = ? AND execution_id = ? AND generation = ? AND state = ?"
+        " RETURNING agent, execution_id, binding, state, call_id, generation, worker, epoch",
+        target.value, worker, epoch, agent, execution_id, generation, source,
+    )  # fmt: skip
+    return execution_from_row(written[0]) if written else None
+
+
+#: The one state with an edge to each target that has exactly one (``admission/states.py``).
+_ONLY_SOURCE: dict[ExecutionState, str] = {
+    target: sources[0]
+    for target in ExecutionState
+    if len(sources := [s.value for s, ts in TRANSITIONS.items() if s is not None and target in ts]) == 1
+}
 
 
 def recover_worker(generation: str, new_worker: WorkerId, new_epoch: Epoch) -> Op[list[RecoveredExecution]]:
