@@ -17,13 +17,17 @@ bundle is checked line by line (1-based), in this order:
 The first failing check raises a :class:`~bastion.audit.errors.BundleDefect`
 naming the line, the seq and the defect.
 
-Hashing is the cost (``bastion verify`` must pass 200,000 entries/s). Step 2
-already proves the line is the canonical form, so step 5 hashes the line's own
-bytes with the ``hash`` member cut out instead of serializing again; step 2
-compares with ``orjson``'s sorted output, which is RFC 8785 for the plain
-shapes entries have (``crypto/jcs.py``), and uses the reference implementation
-for anything else. ``fanout.py`` splits one file across processes, each
-walking a :class:`Stretch` of it with :func:`walk_lines`.
+Speed matters (``bastion verify`` must pass 200,000 entries/s on one core).
+Steps 1 and 2 run in C for the common line: ``msgspec`` decodes it into the
+entry's fields with their exact types and encodes it back with sorted keys,
+which is RFC 8785 for the plain shapes entries have (strings, safe integers,
+booleans, null, ASCII keys: ``tests/unit/audit/test_walk_reader.py`` holds the
+two equal); a line it refuses or does not reproduce byte for byte takes the
+reference path (``orjson`` and ``crypto/jcs.py``), which names the defect.
+Step 2 proves the line is the canonical form, so step 5 hashes the line's own
+bytes with the ``hash`` member cut out instead of serializing again.
+``fanout.py`` splits one file across processes, each walking a
+:class:`Stretch` of it with :func:`walk_lines`.
 
 Memory stays flat in the bundle's size: lines are read in blocks and only the
 genesis, the attestation entry and the current entry are held (plus the
@@ -36,9 +40,9 @@ import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any, BinaryIO
 
+import msgspec
 import orjson
 
 from bastion.audit.chain import ATTESTATION_SEQ, GENESIS_SEQ, ChainSummary, CloseReason
@@ -94,36 +98,6 @@ _CALL_FIELDS = (
     "reason",
     "outcome",
 )
-# The keys as orjson hands them out (it caches short keys), so comparing a parsed entry's keys
-# with these mostly finds the very same objects.
-_SORTED_FIELDS = tuple(orjson.loads(orjson.dumps(dict.fromkeys(sorted(ENTRY_FIELDS)))))
-_get_sorted = itemgetter(*_SORTED_FIELDS)
-# walk_lines unpacks the fields by position in key order, so that order is pinned here.
-_UNPACKED_ORDER = (
-    "agent",
-    "args_digest",
-    "binding",
-    "call_id",
-    "decision",
-    "detail",
-    "epoch",
-    "event",
-    "execution_id",
-    "hash",
-    "outcome",
-    "policy_version",
-    "prev",
-    "reason",
-    "seq",
-    "server",
-    "session_id",
-    "tool",
-    "ts",
-    "worker",
-    "workflow_id",
-)
-if _SORTED_FIELDS != _UNPACKED_ORDER:  # pragma: no cover - guards a change to entry.py
-    raise ImportError("AuditEntry's fields changed; update walk_lines' unpacking")
 _EVENTS = frozenset(event.value for event in AuditEvent)
 _OPEN = AuditEvent.SESSION_OPEN.value
 _CLOSE = AuditEvent.SESSION_CLOSE.value
@@ -133,6 +107,41 @@ _HEX64_RE = re.compile(r"[0-9a-f]{64}")
 _HASH_MEMBER = b',"hash":"'
 _HASH_MEMBER_LEN = len(_HASH_MEMBER) + 64 + 1  # ',"hash":"' + 64 hex digits + '"'
 _SORT = orjson.OPT_SORT_KEYS
+
+
+class _Line(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """One bundle line's fields with their exact types, declared in RFC 8785 (code point) order."""
+
+    agent: str | None
+    args_digest: str | None
+    binding: str | None
+    call_id: str | None
+    decision: str | None
+    detail: dict[str, Any] | None
+    epoch: int | None
+    event: str
+    execution_id: str | None
+    hash: str
+    outcome: str | None
+    policy_version: str | None
+    prev: str
+    reason: str | None
+    seq: int
+    server: str | None
+    session_id: str
+    tool: str | None
+    ts: str
+    worker: str | None
+    workflow_id: str | None
+
+
+if _Line.__struct_fields__ != tuple(sorted(ENTRY_FIELDS)):  # pragma: no cover - guards entry.py
+    raise ImportError("AuditEntry's fields changed; update walk._Line")
+_decode_line = msgspec.json.Decoder(_Line).decode
+# Keys sorted (detail's too): for strings, safe integers, booleans and null under ASCII keys this
+# is the RFC 8785 form, as for orjson (crypto/jcs.py); tests/unit/audit hold the two equal.
+_encode_line = msgspec.json.Encoder(order="sorted").encode
+as_dict = msgspec.structs.asdict
 
 
 @dataclass(slots=True)
@@ -214,100 +223,46 @@ def walk_lines(
     Lines may end in ``\\n`` or not. With ``execution_id``, the entries that
     carry it are kept in ``matches``.
     """
-    loads, dumps, sha256, ts_match, get_sorted = (
-        orjson.loads,
-        orjson.dumps,
-        hashlib.sha256,
-        TS_RE.fullmatch,
-        _get_sorted,
-    )
-    events, n_fields, field_set, sorted_fields = _EVENTS, _N_FIELDS, _FIELD_SET, _SORTED_FIELDS
-    good_signatures: set[tuple[type, ...]] = set()
-    last_signature: tuple[type, ...] = ()
+    decode, encode, sha256, ts_match = _decode_line, _encode_line, hashlib.sha256, TS_RE.fullmatch
+    events = _EVENTS
     expected_seq, prev_hash, prev_digest = 0, GENESIS_PREV, bytes(32)
     out = Stretch()
     matches = out.matches
     session_id = ""
     closed = False
-    data: dict[str, Any] | None = None
+    entry: _Line | None = None
     lineno = 0
     for lineno, raw in enumerate(lines, start=1):
         content = raw[:-1] if raw[-1:] == b"\n" else raw
-        # (1) A JSON object with exactly the entry fields, each of its type.
+        # (1) and (2), the common case in C: msgspec reads the line into the entry's fields, each
+        # of its exact type, and writes it back (keys sorted, RFC 8785 for these plain shapes)
+        # byte for byte. Any other line takes the reference path, which says what is wrong.
         try:
-            data = loads(content)
-        except orjson.JSONDecodeError as exc:
-            raise MalformedEntry(f"not JSON: {exc}", line=lineno, source=source) from None
-        if type(data) is not dict:
-            raise MalformedEntry(_field_defect(data), line=lineno, source=source)
-        in_order = tuple(data) == sorted_fields
-        if in_order:
-            values = data.values()  # unpacked in place below, no tuple made
-        elif len(data) == n_fields and data.keys() == field_set:
-            values = get_sorted(data)  # out of order: step (2) below reports it
+            entry = decode(content)
+        except msgspec.MsgspecError:
+            entry = None
+        if (
+            entry is not None
+            and (entry.detail is None or is_plain_json(entry.detail))
+            and encode(entry) == content
+        ):
+            epoch = entry.epoch
+            if not (
+                0 <= entry.seq <= MAX_SAFE_INTEGER
+                and (epoch is None or 0 <= epoch <= MAX_SAFE_INTEGER)
+                and entry.event in events
+                and ts_match(entry.ts)
+            ):
+                _check_scalars(entry, line=lineno, source=source)  # raises, naming the defect
         else:
-            raise MalformedEntry(_field_defect(data), line=lineno, source=source)
-        # Exact types, checked once per distinct combination (at most 2**15 of them).
-        signature = tuple(map(type, values))
-        if signature != last_signature and signature not in good_signatures:
-            defect = _type_defect(data)
-            if defect is not None:
-                raise MalformedEntry(defect, line=lineno, seq=_int_or_none(data["seq"]), source=source)
-            good_signatures.add(signature)
-        last_signature = signature
-        # The fields in key order (RFC 8785 order: code points, all ASCII).
-        (
-            _,
-            _,
-            _,
-            _,
-            _,
-            detail,
-            epoch,
-            event,
-            entry_execution,
-            stated,
-            _,
-            _,
-            prev,
-            _,
-            seq,
-            _,
-            entry_session,
-            _,
-            ts,
-            _,
-            _,
-        ) = values
-        if not 0 <= seq <= MAX_SAFE_INTEGER:
-            raise MalformedEntry("seq is not a non-negative safe integer", line=lineno, source=source)
-        if epoch is not None and not 0 <= epoch <= MAX_SAFE_INTEGER:
-            raise MalformedEntry(
-                "epoch is not null or a non-negative safe integer", line=lineno, seq=seq, source=source
-            )
-        if event not in events:
-            raise MalformedEntry(f"unknown event {event!r}", line=lineno, seq=seq, source=source)
-        if not ts_match(ts):
-            raise MalformedEntry(
-                "ts is not RFC 3339 UTC with microseconds", line=lineno, seq=seq, source=source
-            )
-        # (2) Byte for byte the RFC 8785 form. With the top-level keys already in order and
-        # no nested object, orjson's output in the dict's order is the sorted one.
-        if detail is None and in_order:
-            canonical = dumps(data)
-        elif detail is None or is_plain_json(detail):
-            canonical = dumps(data, option=_SORT)
-        else:
-            try:
-                canonical = canonical_json(data)
-            except (CanonicalizationError, UnicodeError) as exc:
-                raise NotCanonical(
-                    f"entry has no RFC 8785 form: {exc}", line=lineno, seq=seq, source=source
-                ) from None
-        if canonical != content:
-            raise NotCanonical(
-                "line is not the RFC 8785 canonical form of its entry", line=lineno, seq=seq, source=source
-            )
+            entry = _read_strict(content, line=lineno, source=source)
+        seq, prev, stated, event, entry_session = (
+            entry.seq,
+            entry.prev,
+            entry.hash,
+            entry.event,
+            entry.session_id,
+        )
         if lineno == 1:
             out.first_seq, out.first_prev = seq, prev
             if not from_genesis:
@@ -343,8 +298,8 @@ def walk_lines(
                 "entry after the session_close entry", line=lineno, seq=seq, source=source
             )
         if seq == GENESIS_SEQ:
-            _check_genesis(data, line=lineno, source=source)
-            out.genesis, session_id = data, entry_session
+            out.genesis, session_id = as_dict(entry), entry_session
+            _check_genesis(out.genesis, line=lineno, source=source)
         else:
             if entry_session != session_id:
                 raise SessionMismatch(
@@ -355,20 +310,65 @@ def walk_lines(
                 )
             if seq == ATTESTATION_SEQ:
                 # prev is the root: (4) held it to the genesis hash, or the seam check will.
-                _check_attestation_entry(data, prev, line=lineno, source=source)
-                out.attestation = data
+                out.attestation = as_dict(entry)
+                _check_attestation_entry(out.attestation, prev, line=lineno, source=source)
             elif event == _OPEN:
                 raise LifecycleViolation(
                     "session_open after the attestation entry", line=lineno, seq=seq, source=source
                 )
             if event == _CLOSE:
-                _check_close_entry(data, line=lineno, source=source)
+                _check_close_entry(as_dict(entry), line=lineno, source=source)
                 closed = True
-        if execution_id is not None and entry_execution == execution_id:
-            matches.append((lineno, data))
+        if execution_id is not None and entry.execution_id == execution_id:
+            matches.append((lineno, as_dict(entry)))
         expected_seq = seq + 1
-    out.count, out.last, out.session_id, out.closed = lineno, data, session_id, closed
+    out.count, out.session_id, out.closed = lineno, session_id, closed
+    out.last = None if entry is None else as_dict(entry)
     return out
+
+
+def _read_strict(content: bytes, *, line: int, source: str | None) -> _Line:
+    """Steps (1) and (2) by the reference path: the entry, or the defect that names what is wrong."""
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedEntry(f"not JSON: {exc}", line=line, source=source) from None
+    if type(data) is not dict or len(data) != _N_FIELDS or data.keys() != _FIELD_SET:
+        raise MalformedEntry(_field_defect(data), line=line, source=source)
+    defect = _type_defect(data)
+    if defect is not None:
+        raise MalformedEntry(defect, line=line, seq=_int_or_none(data["seq"]), source=source)
+    entry = _Line(**data)
+    _check_scalars(entry, line=line, source=source)
+    detail = data["detail"]
+    if detail is None or is_plain_json(detail):
+        canonical = orjson.dumps(data, option=_SORT)
+    else:
+        try:
+            canonical = canonical_json(data)
+        except (CanonicalizationError, UnicodeError) as exc:
+            raise NotCanonical(
+                f"entry has no RFC 8785 form: {exc}", line=line, seq=entry.seq, source=source
+            ) from None
+    if canonical != content:
+        raise NotCanonical(
+            "line is not the RFC 8785 canonical form of its entry", line=line, seq=entry.seq, source=source
+        )
+    return entry
+
+
+def _check_scalars(entry: _Line, *, line: int, source: str | None) -> None:
+    seq, epoch = entry.seq, entry.epoch
+    if not 0 <= seq <= MAX_SAFE_INTEGER:
+        raise MalformedEntry("seq is not a non-negative safe integer", line=line, source=source)
+    if epoch is not None and not 0 <= epoch <= MAX_SAFE_INTEGER:
+        raise MalformedEntry(
+            "epoch is not null or a non-negative safe integer", line=line, seq=seq, source=source
+        )
+    if entry.event not in _EVENTS:
+        raise MalformedEntry(f"unknown event {entry.event!r}", line=line, seq=seq, source=source)
+    if not TS_RE.fullmatch(entry.ts):
+        raise MalformedEntry("ts is not RFC 3339 UTC with microseconds", line=line, seq=seq, source=source)
 
 
 def _check_genesis(data: dict[str, Any], *, line: int, source: str | None) -> None:
