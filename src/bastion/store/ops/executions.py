@@ -112,12 +112,10 @@ def transition(
     agent: AgentId, execution_id: ExecutionId, target: ExecutionState, worker: WorkerId, epoch: Epoch
 ) -> Op[ExecutionRecord]:
     generation = yield from fence(worker, epoch)
-    row = yield from select_execution(agent, execution_id, lock=True)
-    return (yield from _move(row, agent, execution_id, target, generation, worker, epoch))
+    return (yield from _move(agent, execution_id, target, generation, worker, epoch))
 
 
 def _move(
-    row: ExecutionRecord | None,
     agent: AgentId,
     execution_id: ExecutionId,
     target: ExecutionState,
@@ -125,6 +123,23 @@ def _move(
     worker: WorkerId,
     epoch: Epoch,
 ) -> Op[ExecutionRecord]:
+    """Move this generation's row to ``target`` along an edge of the table, or raise why not.
+
+    The common case is one statement: an ``UPDATE`` that matches only a row of this generation
+    in the one state with an edge to ``target``. When it matches nothing, the row is read and
+    the precise refusal raised (or, had it changed in between, moved after all).
+    """
+    source = _ONLY_SOURCE.get(target)
+    if source is not None:
+        written = yield from rows(
+            "UPDATE executions SET state = ?, worker = ?, epoch = ?"
+            " WHERE agent = ? AND execution_id = ? AND generation = ? AND state = ?"
+            " RETURNING agent, execution_id, binding, state, call_id, generation, worker, epoch",
+            target.value, worker, epoch, agent, execution_id, generation, source,
+        )  # fmt: skip
+        if written:
+            return execution_from_row(written[0])
+    row = yield from select_execution(agent, execution_id, lock=True)
     if row is None:
         raise Conflict("no such execution", execution_id=execution_id)
     if row.generation != generation:
@@ -149,37 +164,7 @@ def apply_step(step: ExecutionStep, generation: str, worker: WorkerId, epoch: Ep
             then=step.target,
         )
         return reserved.record
-    moved = yield from _move_if_allowed(step.agent, step.execution_id, step.target, generation, worker, epoch)
-    if moved is not None:
-        return moved
-    # Refused: read the row to say why (or, had it changed in between, to move it after all).
-    row = yield from select_execution(step.agent, step.execution_id, lock=True)
-    return (yield from _move(row, step.agent, step.execution_id, step.target, generation, worker, epoch))
-
-
-def _move_if_allowed(
-    agent: AgentId,
-    execution_id: ExecutionId,
-    target: ExecutionState,
-    generation: str,
-    worker: WorkerId,
-    epoch: Epoch,
-) -> Op[ExecutionRecord | None]:
-    """:func:`_move` in one statement when the row is this generation's and may move to ``target``.
-
-    ``None`` when no row matched (absent, another generation's, or in a state with no edge
-    to ``target``): the caller reads the row and :func:`_move` raises the precise refusal.
-    """
-    source = _ONLY_SOURCE.get(target)
-    if source is None:
-        return None
-    written = yield from rows(
-        "UPDATE executions SET state = ?, worker = ?, epoch = ?"
-        " WHERE agent = ? AND execution_id = ? AND generation = ? AND state = ?"
-        " RETURNING agent, execution_id, binding, state, call_id, generation, worker, epoch",
-        target.value, worker, epoch, agent, execution_id, generation, source,
-    )  # fmt: skip
-    return execution_from_row(written[0]) if written else None
+    return (yield from _move(step.agent, step.execution_id, step.target, generation, worker, epoch))
 
 
 #: The one state with an edge to each target that has exactly one (``admission/states.py``).
