@@ -6,12 +6,13 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from store_support import AGENT, EID
+from store_support import AGENT, EID, assert_linked, genesis, make_entry
 
 from bastion.admission.states import ExecutionState
 from bastion.errors import ExecutionInFlight, StoreError
-from bastion.ids import CallId, Epoch, WorkerId
+from bastion.ids import CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
 from bastion.store.migrations import SQLITE_MIGRATIONS
+from bastion.store.rows import entry_json
 from bastion.store.sqlite import SqliteStore, apply_migrations
 
 pytestmark = pytest.mark.anyio
@@ -75,13 +76,70 @@ async def test_version_1_file_is_upgraded_and_keeps_its_data(tmp_path: Path) -> 
         )
         assert done.state is ExecutionState.COMPLETED
 
-    assert schema_version(db) == len(SQLITE_MIGRATIONS) == 7
+    assert schema_version(db) == len(SQLITE_MIGRATIONS) == 8
     conn = raw(db)
     try:
         indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     finally:
         conn.close()
     assert {"executions_unsettled", "chains_open"} <= indexes
+
+
+async def test_version_7_entries_move_to_a_table_appended_by_rowid_unchanged(tmp_path: Path) -> None:
+    """Version 8 copies entry rows as they were into a rowid table: chains read back, keys stay unique."""
+    db = tmp_path / "v7.db"
+    sessions = [EvidenceSessionId(f"ev_{n}") for n in range(3)]
+    written: dict[str, list] = {}
+    conn = raw(db)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        assert apply_migrations(conn, target=7) == 7
+        for session in sessions:
+            chain = [genesis(session)]
+            for seq in range(1, 5):
+                chain.append(
+                    make_entry(session, seq, chain[-1].hash or "", execution_id=f"x-{session}-{seq}")
+                )
+            written[session] = chain
+            conn.execute(
+                "INSERT INTO chains VALUES (?, 'agent-1', ?, ?, ?, 'gen', 0)",
+                (session, chain[0].hash, chain[-1].seq, chain[-1].hash),
+            )
+        # Interleaved, as concurrent sessions write them.
+        for seq in range(5):
+            for session in sessions:
+                entry = written[session][seq]
+                conn.execute(
+                    "INSERT INTO entries VALUES (?, ?, ?, ?, ?, 'w-old', 3, ?, 'agent-1')",
+                    (session, seq, entry.prev, entry.hash, entry_json(entry), entry.execution_id),
+                )
+    finally:
+        conn.close()
+
+    async with await SqliteStore.open(db) as store:
+        for session in sessions:
+            chain = await store.read_chain(session)
+            assert chain == written[session]
+            assert_linked(chain)
+        found = await store.find_entries(ExecutionId(f"x-{sessions[1]}-3"), agent=AGENT)
+        assert found == [written[sessions[1]][3]]
+
+    assert schema_version(db) == 8
+    conn = raw(db)
+    try:
+        table = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'entries'").fetchone()[0]
+        assert "WITHOUT ROWID" not in table.upper()
+        indexes = {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE tbl_name = 'entries'")
+        }
+        assert "entries_by_execution" in indexes
+        assert conn.execute("SELECT count(*) FROM entries").fetchone()[0] == 15
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute(
+                "INSERT INTO entries VALUES (?, 1, 'p', 'h', '{}', 'w', 1, NULL, NULL)", (sessions[0],)
+            )
+    finally:
+        conn.close()
 
 
 async def test_file_newer_than_the_code_is_refused(tmp_path: Path) -> None:

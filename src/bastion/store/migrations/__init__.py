@@ -23,6 +23,7 @@ from bastion.store.migrations import (
     sqlite_0005_token_buckets,
     sqlite_0006_entries_by_execution,
     sqlite_0007_replicas,
+    sqlite_0008_entries_appended,
 )
 
 __all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS", "Migration"]
@@ -43,6 +44,7 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "token_buckets", sqlite_0005_token_buckets.STATEMENTS),
     Migration(6, "entries_by_execution", sqlite_0006_entries_by_execution.STATEMENTS),
     Migration(7, "replicas", sqlite_0007_replicas.STATEMENTS),
+    Migration(8, "entries_appended", sqlite_0008_entries_appended.STATEMENTS),
 )
 
 POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
