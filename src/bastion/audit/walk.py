@@ -141,7 +141,7 @@ _decode_line = msgspec.json.Decoder(_Line).decode
 # Keys sorted (detail's too): for strings, safe integers, booleans and null under ASCII keys this
 # is the RFC 8785 form, as for orjson (crypto/jcs.py); tests/unit/audit hold the two equal.
 _encode_line = msgspec.json.Encoder(order="sorted").encode
-as_dict = msgspec.structs.asdict
+_as_dict = msgspec.structs.asdict
 
 
 @dataclass(slots=True)
@@ -298,7 +298,7 @@ def walk_lines(
                 "entry after the session_close entry", line=lineno, seq=seq, source=source
             )
         if seq == GENESIS_SEQ:
-            out.genesis, session_id = as_dict(entry), entry_session
+            out.genesis, session_id = _as_dict(entry), entry_session
             _check_genesis(out.genesis, line=lineno, source=source)
         else:
             if entry_session != session_id:
@@ -310,20 +310,20 @@ def walk_lines(
                 )
             if seq == ATTESTATION_SEQ:
                 # prev is the root: (4) held it to the genesis hash, or the seam check will.
-                out.attestation = as_dict(entry)
+                out.attestation = _as_dict(entry)
                 _check_attestation_entry(out.attestation, prev, line=lineno, source=source)
             elif event == _OPEN:
                 raise LifecycleViolation(
                     "session_open after the attestation entry", line=lineno, seq=seq, source=source
                 )
             if event == _CLOSE:
-                _check_close_entry(as_dict(entry), line=lineno, source=source)
+                _check_close_entry(_as_dict(entry), line=lineno, source=source)
                 closed = True
         if execution_id is not None and entry.execution_id == execution_id:
-            matches.append((lineno, as_dict(entry)))
+            matches.append((lineno, _as_dict(entry)))
         expected_seq = seq + 1
     out.count, out.session_id, out.closed = lineno, session_id, closed
-    out.last = None if entry is None else as_dict(entry)
+    out.last = None if entry is None else _as_dict(entry)
     return out
 
 
