@@ -26,17 +26,23 @@ A write, once started, runs to its end even if its caller is cancelled
 (shielded, bounded by ``statement_timeout``), so a connection never goes back
 to the pool mid-transaction. Nothing here is process-global: two stores may
 share one database in one process, as two replicas would.
+
+The driver is asyncpg (issue #13): a governed call costs about 14 statements
+on this engine, and asyncpg spends less than half the client CPU per round trip
+that psycopg's async API did. Statements are prepared once per connection and
+cached (``statement_cache_size``).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, TypeVar
+import re
+from typing import Any, TypeAlias, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
-import psycopg
-import psycopg.errors
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from bastion.errors import Conflict, NotDurable, StoreError
 from bastion.store.base import Store
@@ -54,18 +60,23 @@ ATTEMPTS = 8
 
 MIGRATION_LOCK = 0x62617374696F6E  # "bastion": the advisory lock key every migrator takes
 _RACES = (
-    psycopg.errors.UniqueViolation,
-    psycopg.errors.SerializationFailure,
-    psycopg.errors.DeadlockDetected,
+    asyncpg.UniqueViolationError,
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
 )
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+"""What the driver raises: a server error, a dead or misused connection, a socket, a timeout."""
+_Connection: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
+_STATEMENT_CACHE = 256  # prepared statements kept per connection (the ops have about a hundred)
 
 
 class PostgresStore(StoreOperations):
     """The store on one PostgreSQL database. Build it with :meth:`connect`; end it with :meth:`aclose`."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], *, redacted: str, pool_timeout_s: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, target: _Target, redacted: str, pool_timeout_s: float) -> None:
         """Private: use :meth:`connect`."""
         self._pool = pool
+        self._target = target
         self._redacted = redacted
         self._pool_timeout_s = pool_timeout_s
         self._closed = False
@@ -85,42 +96,44 @@ class PostgresStore(StoreOperations):
         pool_timeout_s: float = 10.0,
         statement_timeout_s: float = 30.0,
     ) -> PostgresStore:
-        """Connect to the database at ``dsn`` (a libpq URL or key=value string) and migrate it.
+        """Connect to the database at ``dsn`` (a ``postgresql://`` URL) and migrate it.
 
         Raises :class:`StoreError` (naming the URL without its password) when the
         server cannot be reached or the database has a schema newer than this code.
         """
         redacted = redact_dsn(dsn)
-        timeout_ms = int(statement_timeout_s * 1000)
-
-        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
-            # Set per connection, so the URL's own ``options`` (a search_path, say) stay as given.
-            await conn.execute(f"SET statement_timeout = {timeout_ms}")
-            await conn.execute(f"SET lock_timeout = {timeout_ms}")
-
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            dsn,
-            min_size=min_size,
-            max_size=max_size,
-            open=False,
-            timeout=pool_timeout_s,
-            name="bastion-store",
-            kwargs={"autocommit": True, "application_name": "bastion"},
-            configure=configure,
-        )
+        timeout_ms = str(int(statement_timeout_s * 1000))
         try:
-            await pool.open(wait=True, timeout=pool_timeout_s)
-            async with pool.connection() as conn:
+            target = _Target.of(dsn, connect_timeout_s=pool_timeout_s)
+        except ValueError:
+            raise StoreError("the PostgreSQL store URL is malformed", store=redacted) from None
+        # Set per connection at its start, so the URL's own ``options`` (a search_path, say) stay as given.
+        settings = {"statement_timeout": timeout_ms, "lock_timeout": timeout_ms}
+        pool: asyncpg.Pool | None = None
+        try:
+            with anyio.fail_after(pool_timeout_s):
+                pool = await asyncpg.create_pool(
+                    **target.connect_args("bastion", settings),
+                    min_size=min_size,
+                    max_size=max_size,
+                    statement_cache_size=_STATEMENT_CACHE,
+                    reset=_session_unchanged,
+                )
+            async with pool.acquire(timeout=pool_timeout_s) as conn:
                 await apply_migrations(conn)
-        except (psycopg.Error, PoolTimeout) as exc:
-            await pool.close()
+        except StoreError:
+            await _close_pool(pool)
+            raise
+        except _DRIVER_ERRORS as exc:
+            await _close_pool(pool)
             raise StoreError(
-                "cannot open the PostgreSQL store", store=redacted, detail=type(exc).__name__
+                "cannot open the PostgreSQL store", store=redacted, detail=_error_name(exc)
             ) from None
         except BaseException:
-            await pool.close()
+            await _close_pool(pool)
             raise
-        return cls(pool, redacted=redacted, pool_timeout_s=pool_timeout_s)
+        assert pool is not None
+        return cls(pool, target=target, redacted=redacted, pool_timeout_s=pool_timeout_s)
 
     async def __aenter__(self) -> PostgresStore:
         return self
@@ -143,13 +156,17 @@ class PostgresStore(StoreOperations):
         """Statements sent so far, reads and writes, retries included (for the bench)."""
         return self._statements
 
+    async def connect_alone(self, application_name: str) -> asyncpg.Connection:
+        """A connection of its own (none of the pool's) to this database: the change feed's listener."""
+        return await asyncpg.connect(**self._target.connect_args(application_name, {}))
+
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
         with anyio.move_on_after(30):
             await self._idle.wait()
-        await self._pool.close()
+        await _close_pool(self._pool)
 
     # ------------------------------------------------------------ the engine
 
@@ -165,14 +182,14 @@ class PostgresStore(StoreOperations):
     async def _write_with_retries(self, op: OpFactory[T]) -> T:
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                async with self._pool.connection(timeout=self._pool_timeout_s) as conn, conn.transaction():
+                async with self._pool.acquire(timeout=self._pool_timeout_s) as conn, conn.transaction():
                     result = await self._run(conn, op())
             except _RACES as exc:
                 if attempt == ATTEMPTS:
                     raise _translate_write(exc) from None
                 await anyio.sleep(0.001 * attempt)
                 continue
-            except (psycopg.Error, PoolTimeout) as exc:
+            except _DRIVER_ERRORS as exc:
                 raise _translate_write(exc) from None
             self._transactions += 1
             return result
@@ -183,35 +200,35 @@ class PostgresStore(StoreOperations):
         try:
             with anyio.CancelScope(shield=True):
                 result = await self._read_once(op, snapshot)
-        except (psycopg.Error, PoolTimeout) as exc:
-            raise StoreError("the store could not be read", detail=type(exc).__name__) from None
+        except _DRIVER_ERRORS as exc:
+            raise StoreError("the store could not be read", detail=_error_name(exc)) from None
         finally:
             self._leave()
         return result
 
     async def _read_once(self, op: OpFactory[T], snapshot: bool) -> T:
-        async with self._pool.connection(timeout=self._pool_timeout_s) as conn:
+        async with self._pool.acquire(timeout=self._pool_timeout_s) as conn:
             if not snapshot:
                 return await self._run(conn, op())
-            async with conn.transaction():
-                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
                 return await self._run(conn, op())
 
-    async def _run(self, conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
+    async def _run(self, conn: _Connection, op: Op[T]) -> T:
         """Drive one operation (``store/statements.py``) on ``conn``, inside the caller's transaction."""
         try:
             stmt = next(op)
             while True:
                 self._statements += 1
-                cursor = await conn.execute(_postgres_sql(stmt.sql, stmt.lock), stmt.params)
+                sql = _postgres_sql(stmt.sql, stmt.lock)
                 result: Any
                 if stmt.fetch is Fetch.ONE:
-                    result = await cursor.fetchone()
+                    result = await conn.fetchrow(sql, *stmt.params)
                 elif stmt.fetch is Fetch.ALL:
-                    result = await cursor.fetchall()
+                    result = await conn.fetch(sql, *stmt.params)
                 elif stmt.fetch is Fetch.COUNT:
-                    result = cursor.rowcount
+                    result = _changed_rows(await conn.execute(sql, *stmt.params))
                 else:
+                    await conn.execute(sql, *stmt.params)
                     result = None
                 stmt = op.send(result)
         except StopIteration as stop:
@@ -231,6 +248,53 @@ class PostgresStore(StoreOperations):
             self._idle.set()
 
 
+class _Target:
+    """Where to connect, as asyncpg takes it: the URL, less the libpq parameters asyncpg would misread.
+
+    asyncpg reads the URL's host, port, user, password, database and ``ssl*``
+    parameters itself and sends any other query parameter to the server as a
+    setting (``options`` included, as libpq does). ``connect_timeout`` is libpq's
+    own, not a server setting: it is taken out here and bounds each connect.
+    """
+
+    def __init__(self, url: str, connect_timeout_s: float) -> None:
+        self.url = url
+        self.connect_timeout_s = connect_timeout_s
+
+    @classmethod
+    def of(cls, dsn: str, *, connect_timeout_s: float) -> _Target:
+        parts = urlsplit(dsn)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        kept = [(key, value) for key, value in query if key != "connect_timeout"]
+        for key, value in query:
+            if key == "connect_timeout":
+                connect_timeout_s = float(value) if float(value) > 0 else connect_timeout_s
+        url = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(kept, safe="/"), ""))
+        return cls(url, connect_timeout_s)
+
+    def connect_args(self, application_name: str, settings: dict[str, str]) -> dict[str, Any]:
+        return {
+            "dsn": self.url,
+            "timeout": self.connect_timeout_s,
+            "server_settings": {"application_name": application_name, **settings},
+        }
+
+
+async def _session_unchanged(conn: asyncpg.Connection) -> None:
+    """The pool's reset: none. Nothing here changes a session (no ``SET``, ``LISTEN`` or session
+    lock; transactions are always ended), and asyncpg still rolls back an open one on release,
+    so the default ``RESET ALL``/``UNLISTEN *`` round trip per checkout would do nothing."""
+
+
+async def _close_pool(pool: asyncpg.Pool | None) -> None:
+    if pool is None:
+        return
+    with anyio.move_on_after(10):
+        await pool.close()
+        return
+    pool.terminate()
+
+
 def _conforms(store: PostgresStore) -> Store:
     """Let mypy check that the engine implements the whole contract."""
     return store
@@ -238,18 +302,32 @@ def _conforms(store: PostgresStore) -> Store:
 
 @functools.lru_cache(maxsize=512)
 def _postgres_sql(sql: str, lock: str) -> str:
-    """The shared SQL in psycopg's form: ``%s`` placeholders, the row-lock clause appended."""
-    text = sql.replace("%", "%%").replace("?", "%s")
+    """The shared SQL in PostgreSQL's form: ``$1, $2, ...`` placeholders, the row-lock clause appended."""
+    numbers = iter(range(1, sql.count("?") + 1))
+    text = re.sub(r"\?", lambda _: f"${next(numbers)}", sql)
     return f"{text} {lock}" if lock else text
 
 
+def _changed_rows(status: str) -> int:
+    """The row count of a command's status (``UPDATE 3``, ``INSERT 0 1``, ``DELETE 0``)."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
+def _error_name(exc: BaseException) -> str:
+    """The driver error's name for ``detail``: a server error is its condition's name (``UndefinedTable``)."""
+    name = type(exc).__name__
+    return (
+        name[: -len("Error")] if isinstance(exc, asyncpg.PostgresError) and name.endswith("Error") else name
+    )
+
+
 def _translate_write(exc: BaseException) -> StoreError:
-    if isinstance(exc, psycopg.IntegrityError):
-        return Conflict("the write violates a store constraint", detail=type(exc).__name__)
-    return NotDurable("the write could not be made durable", detail=type(exc).__name__)
+    if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
+        return Conflict("the write violates a store constraint", detail=_error_name(exc))
+    return NotDurable("the write could not be made durable", detail=_error_name(exc))
 
 
-async def apply_migrations(conn: psycopg.AsyncConnection[Any], *, target: int | None = None) -> int:
+async def apply_migrations(conn: _Connection, *, target: int | None = None) -> int:
     """Bring the database of ``conn`` to schema ``target`` (default: the newest) and return its version.
 
     One transaction under ``pg_advisory_xact_lock``: concurrent migrators take
@@ -258,13 +336,12 @@ async def apply_migrations(conn: psycopg.AsyncConnection[Any], *, target: int | 
     """
     latest = len(POSTGRES_MIGRATIONS) if target is None else target
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
         await conn.execute(
             "CREATE TABLE IF NOT EXISTS schema_version"
             " (singleton INTEGER PRIMARY KEY CHECK (singleton = 1), version INTEGER NOT NULL)"
         )
-        cursor = await conn.execute("SELECT version FROM schema_version")
-        row = await cursor.fetchone()
+        row = await conn.fetchrow("SELECT version FROM schema_version")
         current = 0 if row is None else int(row[0])
         if current > len(POSTGRES_MIGRATIONS):
             raise StoreError(
@@ -277,8 +354,8 @@ async def apply_migrations(conn: psycopg.AsyncConnection[Any], *, target: int | 
                 await conn.execute(statement)
         reached = max(current, latest)
         await conn.execute(
-            "INSERT INTO schema_version (singleton, version) VALUES (1, %s)"
+            "INSERT INTO schema_version (singleton, version) VALUES (1, $1)"
             " ON CONFLICT (singleton) DO UPDATE SET version = excluded.version",
-            (reached,),
+            reached,
         )
     return reached

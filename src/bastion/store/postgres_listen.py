@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import anyio
-import psycopg
+import asyncpg
 
 from bastion.store.migrations.postgres_0004_replicas import CHANNEL
 from bastion.store.postgres import PostgresStore
@@ -29,21 +29,25 @@ async def listen_for_changes(
     store: PostgresStore, nudge: Callable[[], None], *, retry_s: float = 1.0
 ) -> NoReturn:
     """Run until cancelled: each notification on the feed's channel calls ``nudge``."""
-    # The pool's connection string (engine-internal, same package): the listener's own connection.
-    conninfo = store._pool.conninfo
-    if not isinstance(conninfo, str):  # pragma: no cover - PostgresStore.connect passes a string
-        raise TypeError("the store's connection string is not a string")
     while True:
         try:
-            async with await psycopg.AsyncConnection.connect(
-                conninfo, autocommit=True, application_name="bastion-listen"
-            ) as conn:
-                await conn.execute(f"LISTEN {CHANNEL}")
-                nudge()
-                async for _ in conn.notifies():
-                    nudge()
-        except psycopg.Error as exc:
-            logger.warning(
-                "change notifications lost; polling meanwhile", extra={"detail": type(exc).__name__}
-            )
+            await _listen_until_lost(store, nudge)
+            detail = "connection closed"
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            detail = type(exc).__name__
+        logger.warning("change notifications lost; polling meanwhile", extra={"detail": detail})
         await anyio.sleep(retry_s)
+
+
+async def _listen_until_lost(store: PostgresStore, nudge: Callable[[], None]) -> None:
+    """One connection's life: listen, nudge once (what came before it), nudge per notification."""
+    conn = await store.connect_alone("bastion-listen")
+    lost = anyio.Event()
+    try:
+        conn.add_termination_listener(lambda _conn: lost.set())
+        await conn.add_listener(CHANNEL, lambda *_: nudge())
+        nudge()
+        await lost.wait()
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await conn.close()

@@ -8,6 +8,7 @@ database newer than the code, a driver error, a password in a URL).
 from __future__ import annotations
 
 import anyio
+import asyncpg
 import psycopg
 import pytest
 from store_support import AGENT, EID, new_writer
@@ -38,9 +39,12 @@ async def test_concurrent_migrators_migrate_once(postgres_url: str) -> None:
     reached: list[int] = []
 
     async def migrate() -> None:
-        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        conn = await asyncpg.connect(postgres_url)
+        try:
             await start.wait()
             reached.append(await apply_migrations(conn))
+        finally:
+            await conn.close()
 
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
@@ -99,6 +103,24 @@ async def test_an_unreachable_server_is_a_store_error_without_the_password(
     assert "s3cret-pw" not in str(caught.value)
     assert "s3cret-pw" not in repr(caught.value.data)
     assert caught.value.data["store"] == redact_dsn(url)
+
+
+async def test_libpq_url_parameters_are_taken_as_libpq_takes_them(postgres_url: str) -> None:
+    """``connect_timeout`` bounds the connect (it is no server setting); ``options`` and
+    ``application_name`` reach the server as settings, so a store opened with all three works."""
+    url = f"{postgres_url}&connect_timeout=5&application_name=bastion-test"
+    async with await PostgresStore.connect(url) as store:
+        writer = await new_writer(store, "gw-a", "gateway-0")
+        await store.reserve_execution(
+            AGENT, EID, BINDING, call_id=CallId("c1"), worker=writer.worker, epoch=writer.epoch
+        )
+        record = await store.get_execution(AGENT, EID)
+        assert record is not None and record.binding == BINDING
+    conn = await asyncpg.connect(url.replace("&connect_timeout=5", ""))
+    try:
+        assert await conn.fetchval("SHOW application_name") == "bastion-test"
+    finally:
+        await conn.close()
 
 
 async def test_driver_errors_become_store_errors(postgres_url: str) -> None:
