@@ -27,6 +27,7 @@ from bastion.auth.bearer import hash_token
 from bastion.children import guarded_command
 from bastion.errors import ConfigError
 from bastion.gateway import RuntimeOptions
+from bastion.heap import settle_after_start
 from bastion.logs import configure_logging
 from bastion.policy.load import load_snapshot, snapshot_from_mapping
 from bastion.policy.snapshot import Snapshot
@@ -192,6 +193,7 @@ async def _serve(
                 bound = sock.getsockname()[1]
         url = f"http://{host}:{bound}/mcp"
         tg.start_soon(_reload_on_sighup, app)
+        settle_after_start()  # start-up's objects out of the collector's scans (heap.py)
         print(f"BASTION READY {url}{_not_ready_note(app)}", flush=True)
         if token_note is not None:
             print(
