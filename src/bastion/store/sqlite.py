@@ -19,22 +19,15 @@ What it guarantees, and how:
   :class:`NotDurable`, refusals included (a refusal may rest on a write of the
   same batch that never became durable). A caller learns its result through
   one loop wake-up per batch (no worker-thread hand-off per write).
-- **A lone write runs at once.** When the store is idle (nothing queued, the
-  writer asleep, no write ended more recently than the last one took), a
-  write runs on the caller's thread, in its own transaction: no hand-off at
-  all. It never waits there for the file lock: held elsewhere, the write
-  queues for the writer, which waits for it.
 - **Concurrent reads.** Reads use a small pool of read-only connections and
   see only committed data.
 - **Versioned schema.** ``store/migrations/`` is applied at open under the
   write lock; a file newer than this code is refused.
 
-Blocking calls run off the event loop: writes on the store's writer thread
-(but a lone write, which holds its caller's loop for as long as it would have
-waited for the writer anyway), reads on worker threads (``anyio.to_thread``).
-This module must never hold process-global state: two stores may share one
-file in one process, as two replicas would (each store has its own writer
-thread).
+Blocking calls run off the event loop: writes on the store's writer thread,
+reads on worker threads (``anyio.to_thread``). This module must never hold
+process-global state: two stores may share one file in one process, as two
+replicas would (each store has its own writer thread).
 """
 
 from __future__ import annotations
@@ -83,9 +76,6 @@ class SqliteStore(StoreOperations):
         # True from a wake-up until the writer finds the queue empty: a write queued meanwhile
         # is taken by the writer's next round, without waking it (no futex call per write).
         self._writer_busy = False
-        # When the last write (or batch) ended, and how long it took: _write_now's measure of load.
-        self._last_write_end = 0.0
-        self._last_write_took = 0.0
         self._thread = threading.Thread(target=self._writer_loop, name="bastion-sqlite-writer", daemon=True)
         self._idle_readers: list[sqlite3.Connection] = []
         self._closed = False
@@ -110,10 +100,7 @@ class SqliteStore(StoreOperations):
             raise ValueError("max_batch must be at least 1")
 
         def prepare() -> sqlite3.Connection:
-            # No busy handler on the writer's connection: every lock it takes is a BEGIN
-            # IMMEDIATE, which waits through _retry_locked on the writer's thread and not at all
-            # on a caller's (_write_now).
-            conn = _connect(filename, 0.0)
+            conn = _connect(filename, busy_timeout_s)
             try:
                 # Switching a fresh file to WAL can answer "locked" at once, without
                 # SQLite's busy handler, while another process switches it: retry,
@@ -176,8 +163,6 @@ class SqliteStore(StoreOperations):
     async def _write(self, op: OpFactory[T]) -> T:
         loop = asyncio.get_running_loop()
         job: _Job[T] = _Job(lambda conn: run_op(conn, op(), self._count_statement), loop)
-        if self._write_now(job):
-            return job.result()
         with self._queue_lock:
             if self._closed:
                 raise StoreError("store is closed")
@@ -196,45 +181,6 @@ class SqliteStore(StoreOperations):
                     self._pending.remove(job)
             raise
         return job.result()
-
-    def _write_now(self, job: _Job[Any]) -> bool:
-        """Run ``job`` at once on the caller's thread if the store is idle; False: queue it.
-
-        The caller waits for its write either way; run here, it is spared the two thread
-        hand-offs of a queued write and a GIL exchange per statement, at the cost of holding
-        the caller's loop for the write. So only when the store is idle: the writer neither
-        runs nor has anything queued, and no write ended more recently than the last one took
-        (writes busy the store less than half the time: a lone caller, not the crowd that
-        group commit serves). Never waits for the file lock either: another process's write
-        sends the job to the queue.
-        """
-        start = time.monotonic()
-        if self._writer_busy or start - self._last_write_end < self._last_write_took:
-            return False
-        if not self._batch_lock.acquire(blocking=False):
-            return False
-        try:
-            with self._queue_lock:
-                if self._closed or self._pending or self._writer_busy:
-                    return False
-                # A write queued meanwhile (from another thread) finds the writer busy: it waits
-                # for the wake-up below instead of waking the writer itself.
-                self._writer_busy = True
-            try:
-                return self._timed(start, self._run_batch([job], wait=False))
-            finally:
-                with self._queue_lock:
-                    wake = self._writer_busy = bool(self._pending)
-                if wake:
-                    self._wake.put(None)
-        finally:
-            self._batch_lock.release()
-
-    def _timed(self, start: float, ran: bool) -> bool:
-        if ran:
-            self._last_write_end = end = time.monotonic()
-            self._last_write_took = end - start
-        return ran
 
     def _writer_loop(self) -> None:
         """The writer thread: run queued writes in batches until the store closes."""
@@ -258,45 +204,28 @@ class SqliteStore(StoreOperations):
                     if not batch:
                         break
                     try:
-                        self._timed(time.monotonic(), self._run_batch(batch))
+                        self._run_batch(batch)
                     finally:
                         _settle(batch)
 
-    def _run_batch(self, batch: list[_Job[Any]], *, wait: bool = True) -> bool:
+    def _run_batch(self, batch: list[_Job[Any]]) -> None:
         """One transaction for the batch, one fsync at its commit.
 
         Each write's failure is its own: the batch first runs without savepoints (two
         statements less per write); if a write raises, the transaction is rolled back and the
         batch runs again with a savepoint per write, so the others still commit.
-
-        With ``wait=False`` (a write run on the caller's thread), the file lock is taken only
-        if it is free at once: False when it was not, and nothing of the batch happened.
         """
         conn = self._writer
-
-        def begin() -> None:
-            if wait:
-                _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"), self._busy_timeout_s)
-            else:
-                conn.execute("BEGIN IMMEDIATE")
-
         try:
-            begin()
+            _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"), self._busy_timeout_s)
         except sqlite3.Error as exc:
-            if not wait:
-                return False
             _fail_all(batch, NotDurable("the store is busy or unwritable", detail=type(exc).__name__))
-            return True
+            return
         try:
             if not _run_plain(conn, batch):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                try:
-                    begin()
-                except sqlite3.Error:
-                    if not wait:
-                        return False
-                    raise
+                _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"), self._busy_timeout_s)
                 _run_isolated(conn, batch)
             conn.execute("COMMIT")
         except BaseException as exc:
@@ -304,10 +233,9 @@ class SqliteStore(StoreOperations):
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             _fail_all(batch, NotDurable("the write could not be made durable", detail=type(exc).__name__))
-            return True
+            return
         self._transactions += 1
         self._writes += len(batch)
-        return True
 
     async def _read(self, op: OpFactory[T], *, snapshot: bool = False) -> T:
         if self._closed:
