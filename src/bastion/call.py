@@ -31,6 +31,7 @@ from mcp_types import LOG_LEVEL_META_KEY
 from bastion.admission.binding import bind_call
 from bastion.admission.continuation import InputContinuations
 from bastion.admission.envelope import CmcpEnvelope, read_envelope
+from bastion.admission.rounds import RoundCall, RoundStates
 from bastion.admission.states import ExecutionState
 from bastion.audit.earlier import name_earlier_attempt
 from bastion.audit.entry import AuditEntry, AuditEvent, Decision
@@ -146,6 +147,9 @@ class ToolCallPath:
         self._membership = membership
         self._health = health
         self._continuations = InputContinuations()
+        # The requestState tokens handed out, each bound to its call (issue #22); the surface
+        # paths (prompts/get, resources/read) bind theirs here too.
+        self.rounds = RoundStates(monotonic=monotonic)
         # Grant rate limits on resources, prompts and completion: the same limiters (issue 9).
         self.surface_limits = SurfaceLimits(limiter, shared_limits, monotonic)
 
@@ -269,6 +273,14 @@ class ToolCallPath:
             check_param_headers(entry.definition, arguments, caller.param_headers)
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding, attempt.args_digest = bind_call(entry.server, entry.upstream_name, arguments)
+        # A requestState continues only the call it was issued for: this agent, server, tool and
+        # binding, once (admission/rounds.py, issue #22); the upstream's own value goes upstream.
+        round_call = RoundCall(caller.agent, "tools/call", entry.server, entry.upstream_name, attempt.binding)
+        try:
+            upstream_state = self.rounds.take(round_call, params)
+        except CallRefused as exc:
+            await self._audit_refusal(scope, attempt, exc, detail={"cause": exc.cause})
+            raise
         # (5) Attachment gate: a mutating tool is refused while a namespace this agent or team
         #     requires is not connected, not in the session's surface, or contradicts itself.
         required = snapshot.requirements.required_for(caller.agent, caller.principal.team)
@@ -331,7 +343,10 @@ class ToolCallPath:
                 client_answers_requests=caller.transport_session is not None,
                 owner=caller.agent,
             )
-            return await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
+            request = self._upstream_params(entry, params, arguments)
+            if upstream_state is not None:
+                request["requestState"] = upstream_state
+            return self.rounds.wrap(round_call, await upstream.call("tools/call", request, ctx))
 
         async def finish(
             state: ExecutionState, *, reason: str | None, result_digest: str | None = None

@@ -18,6 +18,7 @@
     │  ├─ UnknownTool   GrantDenied   InvalidCmcpEnvelope   ArgumentConstraintFailed   RateLimited
     │  ├─ UnknownResource   UnknownPrompt   (issue 9: what is hidden is answered as unknown)
 │  ├─ InputRoundUnknown (a requestState this replica does not hold for this agent)
+    │  ├─ InputRoundMismatch (-32037: the caller's requestState, presented with another call)
     │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
     │  └─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
@@ -54,6 +55,7 @@ __all__ = [
     "GrantDenied",
     "HeaderMismatch",
     "HostForbidden",
+    "InputRoundMismatch",
     "InputRoundUnknown",
     "InvalidCmcpEnvelope",
     "InvalidParams",
@@ -134,6 +136,7 @@ class Reason(enum.StrEnum):
     EXECUTION_REPLAY = "execution_replay"
     EXECUTION_ID_REQUIRED = "execution_id_required"
     INPUT_ROUND_UNKNOWN = "input_round_unknown"
+    INPUT_ROUND_MISMATCH = "input_round_mismatch"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
@@ -391,6 +394,18 @@ class InputRoundUnknown(CallRefused):
     reason = Reason.INPUT_ROUND_UNKNOWN
     jsonrpc_code = -32036
     default_message = "Unknown or expired requestState: call the tool again without it"
+
+
+class InputRoundMismatch(CallRefused):
+    """The caller's own ``requestState``, presented with another call than it was issued for (#22).
+
+    Another tool, server, method or other arguments: the round continues only its own call,
+    and the token is spent.
+    """
+
+    reason = Reason.INPUT_ROUND_MISMATCH
+    jsonrpc_code = -32037
+    default_message = "This requestState was issued for another call: call again without it"
 
 
 class RateLimited(CallRefused):

@@ -98,8 +98,8 @@ class MethodRouter:
         self._fleet = fleet
         self._call_path = call_path
         limits = call_path.surface_limits  # grant rate limits: the tool calls' limiters (issue 9)
-        resources = ResourcePath(fleet, snapshot, limits)
-        prompts = PromptPath(fleet, snapshot, limits)
+        resources = ResourcePath(fleet, snapshot, limits, call_path.rounds)
+        prompts = PromptPath(fleet, snapshot, limits, call_path.rounds)
         # Resource subscriptions (issue 9): per client session, or per listen stream.
         self.subscriptions = SubscribePath(fleet, snapshot, ResourceSubscriptions(fleet, snapshot), limits)
         self._handlers: dict[str, Handler] = {

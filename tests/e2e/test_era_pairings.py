@@ -392,7 +392,7 @@ async def test_an_execution_spans_its_input_rounds_and_is_then_terminal(
         second = await call(retry)
         replayed = await call({})
     assert first["resultType"] == "input_required"
-    assert forged["error"]["code"] == -32051  # in flight: a forged state continues nothing
+    assert forged["error"]["code"] == -32036  # a forged state continues nothing (admission/rounds.py)
     assert second["result"]["content"][0]["text"] == "forty-two"
     assert replayed["error"]["code"] == -32052
 

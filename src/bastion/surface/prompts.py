@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from bastion.admission.rounds import RoundStates
 from bastion.call import strip_reserved_meta
 from bastion.caller import Caller
 from bastion.errors import ArgumentConstraintFailed, GrantDenied, InvalidParams, UnknownPrompt
 from bastion.policy.decide import SurfaceKind, decide_surface, surface_visible
 from bastion.policy.snapshot import Snapshot
 from bastion.surface.limits import SurfaceLimits
-from bastion.surface.relay import AccessRecord, send_recorded, upstream_context
+from bastion.surface.relay import AccessRecord, send_in_rounds, upstream_context
 from bastion.surface.uris import expose_uri
 from bastion.upstream.catalog import ToolEntry
 from bastion.upstream.fleet import UpstreamFleet
@@ -32,11 +33,16 @@ class PromptPath:
     """Lists and gets prompts for one caller against the snapshot in force."""
 
     def __init__(
-        self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot], limits: SurfaceLimits | None = None
+        self,
+        fleet: UpstreamFleet,
+        snapshot: Callable[[], Snapshot],
+        limits: SurfaceLimits | None = None,
+        rounds: RoundStates | None = None,
     ) -> None:
         self._fleet = fleet
         self._snapshot = snapshot
         self._limits = limits
+        self._rounds = rounds if rounds is not None else RoundStates()
 
     def visible(self, caller: Caller, snapshot: Snapshot) -> list[ToolEntry]:
         return [
@@ -119,8 +125,15 @@ class PromptPath:
         #     embedded resources name URIs as the caller knows them.
         request = {**strip_reserved_meta(params), "name": entry.upstream_name}
         upstream = self._fleet.upstreams[entry.server]
-        result = await send_recorded(
-            record, upstream, "prompts/get", request, upstream_context(caller, snapshot, entry.server)
+        result = await send_in_rounds(
+            record,
+            self._rounds,
+            entry.server,
+            entry.upstream_name,
+            arguments or {},
+            upstream,
+            request,
+            upstream_context(caller, snapshot, entry.server),
         )
         transparent = self._fleet.is_transparent(entry.server)
         messages = [

@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bastion.admission.binding import bind_call
+from bastion.admission.rounds import RoundCall, RoundStates
 from bastion.audit.entry import AuditEvent, Decision, digest_json
 from bastion.caller import Caller
 from bastion.errors import (
     BastionError,
+    CallRefused,
     GrantDenied,
     NotDurable,
     RateLimited,
@@ -36,6 +39,7 @@ __all__ = [
     "AccessRecord",
     "decide_resource",
     "run_recorded",
+    "send_in_rounds",
     "send_recorded",
     "server_of_uri",
     "upstream_context",
@@ -75,6 +79,7 @@ class AccessRecord:
             "policy_version": snapshot.version,
         }
         self.method = method
+        self.agent = str(caller.agent)
 
     def target(self, server: str, name: str) -> None:
         """What the request is about: the server and the upstream URI, template or prompt name."""
@@ -99,8 +104,10 @@ class AccessRecord:
             await self.refused(exc)
             raise
 
-    async def refused(self, exc: BastionError) -> None:
-        await self._write(AuditEvent.REFUSED, decision=Decision.DENY.value, reason=exc.reason.value)
+    async def refused(self, exc: BastionError, *, cause: str | None = None) -> None:
+        await self._write(
+            AuditEvent.REFUSED, decision=Decision.DENY.value, reason=exc.reason.value, cause=cause
+        )
 
     async def failed(self, reason: str) -> None:
         await self._write(AuditEvent.FAILED, decision=Decision.ALLOW.value, outcome="failed", reason=reason)
@@ -113,8 +120,17 @@ class AccessRecord:
             result=result,
         )
 
-    async def _write(self, event: AuditEvent, *, result: dict[str, Any] | None = None, **extra: Any) -> None:
+    async def _write(
+        self,
+        event: AuditEvent,
+        *,
+        result: dict[str, Any] | None = None,
+        cause: str | None = None,
+        **extra: Any,
+    ) -> None:
         detail: dict[str, Any] = {"method": self.method}
+        if cause is not None:
+            detail["cause"] = cause  # the real cause of a refusal answered alike (admission/rounds.py)
         if result is not None:
             detail["result_digest"] = digest_json(result)
         if self._contents:
@@ -196,6 +212,43 @@ async def send_recorded(
         UpstreamError: the upstream failed (recorded ``failed``).
     """
     return await run_recorded(record, lambda: upstream.call(method, request, ctx))
+
+
+async def send_in_rounds(
+    record: AccessRecord,
+    rounds: RoundStates,
+    server: str,
+    target: str,
+    arguments: dict[str, Any],
+    upstream: Upstream,
+    request: dict[str, Any],
+    ctx: CallContext,
+) -> dict[str, Any]:
+    """:func:`send_recorded`, with the request's ``requestState`` bound to its call (issue #22).
+
+    A ``prompts/get`` or ``resources/read`` may be answered ``input_required`` as a tool call may:
+    the token the client is given continues only this agent's same request to the same
+    ``target`` with the same ``arguments`` (``admission/rounds.py``).
+
+    Raises:
+        InputRoundUnknown: the request names a ``requestState`` not issued here for this agent (audited).
+        InputRoundMismatch: the caller's token, issued for another request (audited).
+        UpstreamReplied, UpstreamError: as :func:`send_recorded`.
+    """
+    binding, _ = bind_call(server, target, arguments)
+    call = RoundCall(record.agent, record.method, server, target, binding)
+    try:
+        upstream_state = rounds.take(call, request)
+    except CallRefused as exc:
+        await record.refused(exc, cause=exc.cause)
+        raise
+    if upstream_state is not None:
+        request = {**request, "requestState": upstream_state}
+
+    async def send() -> dict[str, Any]:
+        return rounds.wrap(call, await upstream.call(record.method, request, ctx))
+
+    return await run_recorded(record, send)
 
 
 async def run_recorded(record: AccessRecord, send: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:

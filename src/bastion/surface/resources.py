@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from bastion.admission.rounds import RoundStates
 from bastion.call import strip_reserved_meta
 from bastion.caller import Caller
 from bastion.errors import InvalidParams, UpstreamError
@@ -25,7 +26,7 @@ from bastion.policy.decide import SurfaceKind, surface_visible
 from bastion.policy.snapshot import Snapshot
 from bastion.surface.limits import SurfaceLimits
 from bastion.surface.pages import decode_cursor, encode_cursor
-from bastion.surface.relay import AccessRecord, decide_resource, send_recorded, upstream_context
+from bastion.surface.relay import AccessRecord, decide_resource, send_in_rounds, upstream_context
 from bastion.surface.uris import expose_uri
 from bastion.upstream.base import UpstreamReplied
 from bastion.upstream.fleet import UpstreamFleet
@@ -45,11 +46,16 @@ class ResourcePath:
     """Lists and reads resources for one caller against the snapshot in force."""
 
     def __init__(
-        self, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot], limits: SurfaceLimits | None = None
+        self,
+        fleet: UpstreamFleet,
+        snapshot: Callable[[], Snapshot],
+        limits: SurfaceLimits | None = None,
+        rounds: RoundStates | None = None,
     ) -> None:
         self._fleet = fleet
         self._snapshot = snapshot
         self._limits = limits
+        self._rounds = rounds if rounds is not None else RoundStates()
 
     def servers(self) -> list[str]:
         """The servers that offer resources, in configuration order."""
@@ -117,8 +123,15 @@ class ResourcePath:
         # (7) Invoke on the caller's own upstream session; (8) the entry, then the answer, whose
         #     contents name their URIs as the caller knows them.
         request = {**strip_reserved_meta(params), "uri": target.uri}
-        result = await send_recorded(
-            record, upstream, "resources/read", request, upstream_context(caller, snapshot, server)
+        result = await send_in_rounds(
+            record,
+            self._rounds,
+            server,
+            target.uri,
+            {},
+            upstream,
+            request,
+            upstream_context(caller, snapshot, server),
         )
         transparent = self._fleet.is_transparent(server)
         contents = [
