@@ -9,7 +9,7 @@
     │  ├─ MethodNotFound (-32601, 200)   InvalidParams (-32602, 200)
     │  ├─ OriginForbidden (403)   HostForbidden (421)   NotAcceptable (406)   UnsupportedMediaType (415)
     │  ├─ SessionIdMissing (400)   SessionNotFound (404)   LastEventIdUnknown (400)
-    │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)
+    │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)   DuplicateHeader (400)
     │  ├─ UnsupportedProtocolVersion (-32022, 400)
     │  ├─ MethodNotAllowed (405)   TooManySessions (503)   WorkerSuperseded (503)
 │  ├─ SessionStoreUnavailable (503)
@@ -47,6 +47,7 @@ __all__ = [
     "CallRefused",
     "ConfigError",
     "Conflict",
+    "DuplicateHeader",
     "ExecutionCollision",
     "ExecutionIdRequired",
     "ExecutionInFlight",
@@ -114,6 +115,7 @@ class Reason(enum.StrEnum):
     PROTOCOL_VERSION_MISMATCH = "protocol_version_mismatch"
     UNSUPPORTED_PROTOCOL_VERSION = "unsupported_protocol_version"
     HEADER_MISMATCH = "header_mismatch"
+    DUPLICATE_HEADER = "duplicate_header"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     TOO_MANY_SESSIONS = "too_many_sessions"
     WORKER_SUPERSEDED = "worker_superseded"
@@ -284,6 +286,13 @@ class HeaderMismatch(RequestRejected):
     reason = Reason.HEADER_MISMATCH
     jsonrpc_code = -32020
     default_message = "Header does not match the request body"
+
+
+class DuplicateHeader(RequestRejected):
+    """A header that decides something (Host, Origin, Mcp-Method, Mcp-Name, ...) sent twice (#22)."""
+
+    reason = Reason.DUPLICATE_HEADER
+    default_message = "Bad Request: a header that must appear once appears more than once"
 
 
 class TooManySessions(RequestRejected):

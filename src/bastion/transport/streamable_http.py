@@ -73,6 +73,7 @@ from bastion.transport.jsonrpc import (
 from bastion.transport.rebinding import check_host_and_origin
 from bastion.transport.relay import StreamRelay
 from bastion.transport.resume import serve_event_stream
+from bastion.transport.single_headers import check_single_headers
 from bastion.transport.sse_out import primes
 from bastion.transport.wire import accepted, disconnect_cancels, meta_of, read_body, reject
 from bastion.upstream.base import UpstreamReplied
@@ -144,6 +145,7 @@ class FrontDoor:
         headers = Headers(scope=scope)
         cors = CorsSend(send)
         try:
+            check_single_headers(scope)  # before anything reads them (issue #22)
             await self._serve(scope, receive, cors, headers)
         except RequestRejected as exc:
             await reject(cors, exc, None)
