@@ -153,6 +153,7 @@ def create_app(
                     cut_cause=gateway.cut_cause,
                     replicas=gateway.shared,
                 )
+                app.state.front = state["front"]  # its per-agent counts, for tests (issue #22)
                 state["admin"] = _admin_router(gateway)
                 yield
             finally:

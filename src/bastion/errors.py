@@ -12,6 +12,7 @@
     │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)   DuplicateHeader (400)
     │  ├─ UnsupportedProtocolVersion (-32022, 400)
     │  ├─ MethodNotAllowed (405)   TooManySessions (503)   WorkerSuperseded (503)
+    │  ├─ AgentRequestLimit (429: one agent's requests in progress at its cap)
 │  ├─ SessionStoreUnavailable (503)
     │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
     ├─ CallRefused            inside a call: HTTP 200 + JSON-RPC error in -32000…-32099
@@ -37,6 +38,7 @@ import enum
 from typing import Any, ClassVar
 
 __all__ = [
+    "AgentRequestLimit",
     "AgentSessionExpired",
     "AgentSessionRevoked",
     "ArgumentConstraintFailed",
@@ -118,6 +120,7 @@ class Reason(enum.StrEnum):
     DUPLICATE_HEADER = "duplicate_header"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     TOO_MANY_SESSIONS = "too_many_sessions"
+    AGENT_REQUEST_LIMIT = "agent_request_limit"
     WORKER_SUPERSEDED = "worker_superseded"
     SESSION_STORE_UNAVAILABLE = "session_store_unavailable"
     CREDENTIAL_INVALID = "credential_invalid"
@@ -299,6 +302,14 @@ class TooManySessions(RequestRejected):
     reason = Reason.TOO_MANY_SESSIONS
     http_status = 503
     default_message = "Service Unavailable: too many transport sessions"
+
+
+class AgentRequestLimit(RequestRejected):
+    """One agent has ``gateway.max_requests_per_agent`` requests in progress here (issue #22)."""
+
+    reason = Reason.AGENT_REQUEST_LIMIT
+    http_status = 429
+    default_message = "Too Many Requests: this agent has too many requests in progress"
 
 
 class WorkerSuperseded(RequestRejected):

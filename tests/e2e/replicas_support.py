@@ -46,8 +46,6 @@ def write_fleet_config(path: Path, upstream_url: str, **gateway: Any) -> Path:
         "gateway": {
             "upstream_timeout_s": 60.0,
             "allowed_hosts": ["127.0.0.1:*"],
-            # Every connection comes from nginx: the per-address cap is for direct clients.
-            "max_connections_per_address": 4096,
             **gateway,
         },
         "servers": {"work": {"url": upstream_url}},

@@ -1,5 +1,6 @@
 """Pre-authentication bounds on the front door (issue #12 point 2): header size and count, header and
-body deadlines, connections per client address. Raw sockets against a real loopback server."""
+body deadlines, unauthenticated connections per client address (issue #22). Raw sockets against a
+real loopback server."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ async def limited_url(tmp_path: Path, tools_upstream: Upstream) -> AsyncIterator
         max_headers=20,
         header_timeout_s=0.5,
         body_timeout_s=0.5,
-        max_connections_per_address=PER_ADDRESS,
+        max_unauthenticated_connections_per_address=PER_ADDRESS,
     )
     snapshot = snapshot_from_mapping(config, source=None, version="test")
     app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))
@@ -136,16 +137,19 @@ async def test_partial_body_is_cut_at_the_body_deadline(limited_url: str) -> Non
     assert b" 200 " not in answer.split(b"\r\n", 1)[0]
 
 
-async def test_connections_per_address_are_capped(limited_url: str) -> None:
-    """Past max_connections_per_address idle connections, the next is closed at once; after they go,
-    requests are served again."""
+async def test_idle_connections_per_address_are_capped_and_cut(limited_url: str) -> None:
+    """Past max_unauthenticated_connections_per_address idle connections the next waits, unread; the idle
+    ones are cut at the header deadline, and the waiting one is then served (issue #22: no reset)."""
     held = [await _connect(limited_url) for _ in range(PER_ADDRESS)]
     extra = await _connect(limited_url)
-    await extra.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-    assert await _read_all(extra) == b""
+    await extra.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    answer = await _read_all(extra)
     await extra.aclose()
+    cut = [await _read_all(stream) for stream in held]
     for stream in held:
         await stream.aclose()
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert cut == [b""] * PER_ADDRESS
     assert await _healthz(limited_url) == 200
 
 

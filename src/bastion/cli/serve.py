@@ -161,7 +161,7 @@ async def _serve(
             server_header=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
-            **uvicorn_options(front_door_limits(snapshot.gateway)),
+            **uvicorn_options(front_door_limits(snapshot.gateway, snapshot.auth.mtls_trusted_proxies)),
         )
     )
     ended = anyio.Event()

@@ -96,6 +96,8 @@ _GATEWAY_KEYS = frozenset(
         "body_timeout_s",
         "keep_alive_s",
         "max_connections_per_address",
+        "max_unauthenticated_connections_per_address",
+        "max_requests_per_agent",
     }
 )
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
@@ -316,10 +318,21 @@ def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
         "sse_replay_streams",
         "max_header_bytes",
         "max_headers",
-        "max_connections_per_address",
+        "max_unauthenticated_connections_per_address",
+        "max_requests_per_agent",
     ):
         if key in table:
             kwargs[key] = ctx.integer(table[key], f"gateway.{key}")
+    if "max_connections_per_address" in table:
+        # Its former name (issue #22): it only ever bounded what a peer holds before a credential.
+        if "max_unauthenticated_connections_per_address" in table:
+            raise ctx.error(
+                "gateway.max_connections_per_address",
+                "is the former name of max_unauthenticated_connections_per_address: give one",
+            )
+        kwargs["max_unauthenticated_connections_per_address"] = ctx.integer(
+            table["max_connections_per_address"], "gateway.max_connections_per_address"
+        )
     for key in (
         "transport_session_idle_s",
         "upstream_timeout_s",

@@ -75,7 +75,11 @@ class GatewaySettings:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keep_alive_s: float = 5.0
-    max_connections_per_address: int = 64
+    # Connections from one address not yet authenticated (issue #22; ``max_connections_per_address``
+    # is read as this, its former name); after authentication the caps are the agent's.
+    max_unauthenticated_connections_per_address: int = 64
+    # Requests one agent may have in progress at one replica (streams included): issue #22.
+    max_requests_per_agent: int = 1024
 
     def __post_init__(self) -> None:
         if self.sse_replay_events < 1 or self.sse_replay_streams < 1 or self.sse_replay_bytes < 1024:
@@ -103,7 +107,8 @@ class GatewaySettings:
         for key, least in (
             ("max_header_bytes", 1024),
             ("max_headers", 8),
-            ("max_connections_per_address", 1),
+            ("max_unauthenticated_connections_per_address", 1),
+            ("max_requests_per_agent", 1),
         ):
             if getattr(self, key) < least:
                 raise ConfigError(f"gateway.{key} must be at least {least}")

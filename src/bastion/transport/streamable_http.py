@@ -58,8 +58,10 @@ from bastion.methods import SERVER_INFO, MethodRouter, for_sessionless_wire
 from bastion.policy.snapshot import Snapshot
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import InFlightCall, TransportSession
+from bastion.transport.agent_limits import AgentRequests
 from bastion.transport.channel import ResponseChannel
 from bastion.transport.cors import CorsSend, preflight
+from bastion.transport.forwarded import client_address
 from bastion.transport.jsonrpc import (
     Notification,
     Request,
@@ -70,6 +72,7 @@ from bastion.transport.jsonrpc import (
     parse_message,
     result_message,
 )
+from bastion.transport.limits import note_authenticated
 from bastion.transport.rebinding import check_host_and_origin
 from bastion.transport.relay import StreamRelay
 from bastion.transport.resume import serve_event_stream
@@ -140,6 +143,7 @@ class FrontDoor:
         self._end_request_evidence = end_request_evidence
         self._audit_isolation = audit_isolation
         self._serving = serving
+        self.agent_requests = AgentRequests()  # after authentication the caps are per agent (#22)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope)
@@ -176,6 +180,23 @@ class FrontDoor:
             presented = "authorization" in headers or b"token=" in scope.get("query_string", b"")
             await reject(send, exc, None, challenge=self._challenge(presented))
             return
+        # A request that authenticated: its connection leaves the pre-authentication pool of its
+        # address, and it counts against its agent's cap instead (transport/limits.py, #22).
+        note_authenticated(scope)
+        client = client_address(scope, snapshot.auth.mtls_trusted_proxies)
+        with self.agent_requests.hold(principal.agent, settings.max_requests_per_agent, client=client):
+            await self._serve_authenticated(scope, receive, send, headers, principal, snapshot)
+
+    async def _serve_authenticated(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: CorsSend,
+        headers: Headers,
+        principal: Principal,
+        snapshot: Snapshot,
+    ) -> None:
+        method = scope["method"]
         version_header = headers.get("mcp-protocol-version")
         if method == "POST":
             await self._post(scope, receive, send, headers, principal, snapshot)

@@ -98,5 +98,7 @@ async def reject(
         headers.append((b"www-authenticate", challenge.encode()))
     if error.http_status == 405:
         headers.append((b"allow", b"GET, POST, DELETE"))
+    if error.http_status == 429:
+        headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": status or error.http_status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

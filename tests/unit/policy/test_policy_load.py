@@ -557,7 +557,7 @@ CONSTRUCTOR_INVALID = [
     ),
     pytest.param(
         "[gateway]\nmax_connections_per_address = 0\n" + MINIMAL,
-        "gateway.max_connections_per_address must be at least 1",
+        "gateway.max_unauthenticated_connections_per_address must be at least 1",
         id="zero-connections-per-address",
     ),
     pytest.param(
