@@ -52,10 +52,13 @@ def _config(tools_url: str, **gateway: Any) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def _limited(tmp_path: Path, tools_url: str, **gateway: Any) -> AsyncIterator[Any]:
+async def _limited(
+    tmp_path: Path, tools_url: str, trusted_proxies: tuple[str, ...] = (), **gateway: Any
+) -> AsyncIterator[Any]:
     snapshot = snapshot_from_mapping(_config(tools_url, **gateway), source=None, version="t")
     app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))
-    async with serve_on_loopback(app, limits=front_door_limits(snapshot.gateway)) as url:
+    limits = front_door_limits(snapshot.gateway, trusted_proxies)
+    async with serve_on_loopback(app, limits=limits) as url:
         yield url, app
 
 
@@ -117,6 +120,34 @@ async def test_a_connection_past_the_unauthenticated_cap_waits_and_is_then_serve
             answer = await _closed(extra)
         await extra.aclose()
         for stream in held:
+            await stream.aclose()
+    assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_a_trusted_proxys_connections_are_not_counted_per_address(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
+    """A trusted proxy carries many clients: its idle connections take no slot; one untrusted waits."""
+    async with _limited(
+        tmp_path,
+        tools_upstream.url,
+        trusted_proxies=("127.0.0.1",),
+        max_unauthenticated_connections_per_address=1,
+        header_timeout_s=5.0,
+    ) as (url, _):
+        held = [await _connect(url) for _ in range(3)]
+        served = await _connect(url)
+        await served.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        with anyio.fail_after(2):  # read at once, well before the 5 s header deadline
+            answer = await _closed(served)
+        await served.aclose()
+        first = await _connect(url, local_host="127.0.0.2")
+        second = await _connect(url, local_host="127.0.0.2")
+        await second.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        with anyio.move_on_after(0.3):
+            early = await second.receive()
+            pytest.fail(f"a connection past an untrusted address's cap was read: {early!r}")
+        for stream in (*held, first, second):
             await stream.aclose()
     assert answer.startswith(b"HTTP/1.1 200 ")
 
