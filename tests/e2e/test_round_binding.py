@@ -92,7 +92,7 @@ class _Front:
 
 
 @contextlib.asynccontextmanager
-async def _front(tmp_path: Path, url: str) -> AsyncIterator[_Front]:
+async def _front(tmp_path: Path, url: str, generation: str = "gateway-0") -> AsyncIterator[_Front]:
     config = {
         "gateway": {"upstream_timeout_s": 20.0},
         "servers": {
@@ -103,7 +103,8 @@ async def _front(tmp_path: Path, url: str) -> AsyncIterator[_Front]:
         "agents": {name: {"token_sha256": hash_token(token)} for name, token in TOKENS.items()},
     }
     app = create_app(
-        snapshot_from_mapping(config, source=None, version="t"), RuntimeOptions(tmp_path / "data")
+        snapshot_from_mapping(config, source=None, version="t"),
+        RuntimeOptions(tmp_path / "data", generation=generation),
     )
     async with serve_on_loopback(app) as front, httpx.AsyncClient(timeout=30) as http:
         yield _Front(front, http, tmp_path / "data")
@@ -220,3 +221,24 @@ async def test_an_upstream_issued_request_state_is_wrapped_and_bound(
         (bobs,) = front.refusals("bob")
     assert causes == ["unknown", "spent", "other_target"]
     assert bobs["detail"]["cause"] == "other_agent"
+
+
+async def test_a_request_state_is_refused_typed_at_another_replica(
+    tmp_path: Path, era_upstream_url: str
+) -> None:
+    """Tokens live at the replica that issued them: at another (same store) one is input_round_unknown,
+    audited there, and the issuing replica still completes the round."""
+    async with (
+        _front(tmp_path, era_upstream_url, "gateway-1") as first,
+        _front(tmp_path, era_upstream_url, "gateway-2") as second,
+    ):
+        for state_of in ("up__ask_user", "modern__confirm"):
+            state, answers = await first.ask(state_of)
+            arguments = _QUESTION if "ask_user" in state_of else {}
+            retry = {"requestState": state, "inputResponses": answers}
+            elsewhere = await second.call(state_of, arguments, retry)
+            here = await first.call(state_of, arguments, retry)
+            _refused(elsewhere, -32036, "input_round_unknown")
+            assert "result" in here and here["result"].get("resultType") != "input_required", here
+        causes = [e["detail"]["cause"] for e in first.refusals()]
+    assert causes == ["unknown", "unknown"]
