@@ -1,0 +1,204 @@
+"""The first hour with Bastion, through the real entry points (issue #26 points 1 to 9).
+
+Each test runs the installed ``bastion`` script (or the real ``make serve``) as a
+subprocess, as a newcomer or an operator would, and reads what they would read.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bastion.cli.serve import EXIT_START_REFUSED
+
+BASTION = str(Path(sys.executable).parent / "bastion")
+REPO = Path(__file__).resolve().parents[2]
+WAIT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def bastion(*args: str, stdin: str = "", timeout: float = WAIT_S) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [BASTION, *args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+class Serve:
+    """One ``bastion serve`` (or ``make serve``) process; stdout read up to the READY line and after."""
+
+    def __init__(self, argv: list[str], cwd: Path | None = None) -> None:
+        self.process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,  # stop() signals the group: make and the gateway under it
+        )
+        self.lines: list[str] = []
+        self.log: str | None = None
+
+    @classmethod
+    def bastion(cls, *args: str) -> Serve:
+        return cls([BASTION, "serve", "--port", "0", *args])
+
+    @classmethod
+    def make(cls, data_dir: Path) -> Serve:
+        """The README's ``make serve``, on a free port and its own data directory (through ARGS)."""
+        args = f"--port {free_port()} --data-dir {data_dir}"
+        return cls(["make", "--no-print-directory", "serve", f"ARGS={args}"], cwd=REPO)
+
+    def ready_line(self) -> str:
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            assert line, f"serve exited before READY: {self.stop()}"
+            self.lines.append(line)
+            if line.startswith("BASTION READY "):
+                return line.strip()
+        raise AssertionError("no READY line")
+
+    def banner(self, count: int) -> list[str]:
+        """The ``count`` lines printed after READY."""
+        assert self.process.stdout is not None
+        return [self.process.stdout.readline().rstrip("\n") for _ in range(count)]
+
+    def url(self) -> str:
+        return self.ready_line().split()[2]
+
+    def stop(self, signal_number: int | None = None) -> str:
+        """Stop it (SIGTERM by default, then kill if it lingers); its stderr."""
+        if self.log is not None:
+            return self.log
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal_number or signal.SIGTERM)
+            try:
+                self.process.wait(timeout=WAIT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=WAIT_S)
+        assert self.process.stderr is not None
+        self.log = self.process.stderr.read()
+        for pipe in (self.process.stdout, self.process.stderr):
+            if pipe is not None:
+                pipe.close()
+        return self.log
+
+
+@pytest.fixture
+def serving() -> Iterator[list[Serve]]:
+    started: list[Serve] = []
+    yield started
+    for serve in started:
+        serve.stop()
+
+
+# ---------------------------------------------------------------- point 1
+
+
+def test_a_missing_stdio_command_is_named_at_once_not_after_the_initialize_timeout(
+    tmp_path: Path, serving: list[Serve]
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text('[servers.ghost]\ncommand = "/no/such/binary"\n')
+    started = time.monotonic()
+    serve = Serve.bastion("--config", str(config), "--data-dir", str(tmp_path / "data"))
+    serving.append(serve)
+    ready = serve.ready_line()
+    took = time.monotonic() - started
+    assert ready.endswith("not-ready=ghost"), ready
+    assert took < 15, f"READY after {took:.1f} s: the 30 s initialize timeout was waited"
+    log = serve.stop()
+    assert "upstream ghost (/no/such/binary) exited before answering initialize" in log, log
+    assert "not ready at start" in log
+
+
+# ---------------------------------------------------------------- point 2
+
+
+def test_a_port_in_use_is_refused_first_naming_the_address(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = bastion("serve", "--port", str(port), "--data-dir", str(tmp_path / "data"))
+    assert result.returncode == EXIT_START_REFUSED, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines == [
+        f"bastion: start refused: listen address 127.0.0.1:{port} is already in use; choose another --port"
+    ]
+    assert not (tmp_path / "data" / "demo-agent.token").exists()  # refused before anything started
+
+
+# ---------------------------------------------------------------- points 3 and 4
+
+
+def test_make_serve_banner_commands_run_as_printed_a_governed_call_and_an_admin_command(
+    tmp_path: Path, serving: list[Serve]
+) -> None:
+    """The demo writes an admin token too (0600) and its banner's two commands work, copied literally."""
+    data = tmp_path / "data"
+    serve = Serve.make(data)
+    serving.append(serve)
+    url = serve.url()
+    banner = serve.banner(6)
+    admin_file = data / "demo-admin.token"
+    assert banner[1].startswith(f"Demo admin token: {admin_file} "), banner
+    assert stat.S_IMODE(admin_file.stat().st_mode) == 0o600
+    assert admin_file.read_text().strip() != (data / "demo-agent.token").read_text().strip()
+    connect, admin = shlex.split(banner[3]), shlex.split(banner[5])
+    assert connect[0] != "python" and Path(connect[0]).is_file(), banner[3]
+    assert url in connect
+    called = subprocess.run(connect, capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert called.returncode == 0, called.stderr
+    assert "tools__echo -> hello through Bastion" in called.stdout
+    listed = subprocess.run(admin, capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert listed.returncode == 0, listed.stderr
+    assert "gateway-0" in listed.stdout and "upstream-notes" in listed.stdout, listed.stdout
+
+
+def test_admin_disabled_names_the_setting_and_how_to_fill_it(tmp_path: Path, serving: list[Serve]) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text('[servers.tools]\nurl = "http://127.0.0.1:9/mcp"\n')
+    token = tmp_path / "admin.token"
+    token.write_text("some-admin-token\n")
+    serve = Serve.bastion("--config", str(config), "--data-dir", str(tmp_path / "data"))
+    serving.append(serve)
+    base = serve.url().removesuffix("/mcp")
+    result = bastion("workers", "--url", base, "--admin-token-file", str(token))
+    assert result.returncode == 1
+    assert "admin_disabled" in result.stderr
+    assert "[auth] admin_token_sha256" in result.stderr and "bastion hash-token" in result.stderr
+
+
+def test_the_connect_example_without_a_gateway_says_one_line_and_exits_non_zero(tmp_path: Path) -> None:
+    token = tmp_path / "agent.token"
+    token.write_text("t\n")
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    argv = [sys.executable, "-m", "bastion.examples.connect", "--url", url, "--token-file", str(token)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and url in lines[0] and "make serve" in lines[0], result.stderr
+    missing = [*argv[:-1], str(tmp_path / "missing.token")]
+    result = subprocess.run(missing, capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "missing.token" in result.stderr
