@@ -6,6 +6,7 @@ subprocess, as a newcomer or an operator would, and reads what they would read.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import signal
@@ -17,7 +18,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
+import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from bastion.cli.serve import EXIT_START_REFUSED
 
@@ -202,3 +208,69 @@ def test_the_connect_example_without_a_gateway_says_one_line_and_exits_non_zero(
     result = subprocess.run(missing, capture_output=True, text=True, timeout=WAIT_S, check=False)
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "missing.token" in result.stderr
+
+
+# ---------------------------------------------------------------- points 5 and 6
+
+_TOKEN = "first-hour-agent-token"
+_GRANTED_CONFIG = f"""
+[servers.notes]
+command = "{sys.executable}"
+args = ["-m", "bastion.examples.notes_server"]
+
+[agents.a]
+token_sha256 = "{hashlib.sha256(_TOKEN.encode()).hexdigest()}"
+
+[[grants]]
+name = "echo-only"
+agent = "a"
+servers = ["notes"]
+tools = [{{tools}}]
+"""
+
+
+def test_a_grant_spelling_the_exposed_tool_name_is_refused_naming_the_upstream_name(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(_GRANTED_CONFIG.replace("{tools}", '"echo", "notes__add_note"'))
+    checked = bastion("check-config", str(config))
+    assert checked.returncode == 2
+    assert "grant echo-only: tools names 'notes__add_note', the name clients see" in checked.stderr
+    assert "'add_note'" in checked.stderr
+    served = bastion("serve", "--config", str(config), "--port", "0", "--data-dir", str(tmp_path / "d"))
+    assert served.returncode == 2 and checked.stderr.strip() in served.stderr
+
+
+def test_an_ungranted_tool_answers_what_the_configuration_docs_say(
+    tmp_path: Path, serving: list[Serve]
+) -> None:
+    """-32602 ``unknown_tool`` on the wire (hidden is unknown), as docs/configuration.md now says."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(_GRANTED_CONFIG.replace("{tools}", '"echo"'))
+    serve = Serve.bastion("--config", str(config), "--data-dir", str(tmp_path / "d"))
+    serving.append(serve)
+    url = serve.url()
+
+    async def call() -> MCPError:
+        with anyio.fail_after(WAIT_S):
+            return await call_unbounded()
+
+    async def call_unbounded() -> MCPError:
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {_TOKEN}"}, timeout=30) as http,
+            Client(streamable_http_client(url, http_client=http)) as client,
+        ):
+            echoed = await client.call_tool("notes__echo", {"text": "granted"})
+            assert not echoed.is_error
+            with pytest.raises(MCPError) as caught:
+                await client.session.call_tool("notes__add_note", {"text": "not granted"})
+            return caught.value
+
+    refused = anyio.run(call)
+    assert refused.error.code == -32602
+    assert refused.error.data["reason"] == "unknown_tool"
+    docs = " ".join((REPO / "docs" / "configuration.md").read_text().split())
+    assert (
+        "No covering grant: refused, and answered exactly as a tool that does not exist:"
+        " JSON-RPC error `-32602`" in docs
+    )
+    assert "`unknown_tool`" in docs
