@@ -25,7 +25,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from bastion import __version__ as bastion_version
 from bastion.cli.serve import EXIT_START_REFUSED
+from bastion.crypto.keys import Keyring
 
 BASTION = str(Path(sys.executable).parent / "bastion")
 REPO = Path(__file__).resolve().parents[2]
@@ -274,3 +276,65 @@ def test_an_ungranted_tool_answers_what_the_configuration_docs_say(
         " JSON-RPC error `-32602`" in docs
     )
     assert "`unknown_tool`" in docs
+
+
+# ---------------------------------------------------------------- point 7
+
+
+def test_bastion_version() -> None:
+    result = bastion("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"bastion {bastion_version}"
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """``bastion public-key | head``: the reader is gone before the write; no BrokenPipe traceback."""
+    Keyring.open(tmp_path)
+    for args in (
+        ["public-key", "--data-dir", str(tmp_path)],
+        ["--help"],
+        ["public-key", "--jwk", "--data-dir", str(tmp_path)],
+    ):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            result = subprocess.run(
+                [BASTION, *args],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=WAIT_S,
+                check=False,
+            )
+        finally:
+            os.close(write_end)
+        assert result.stderr == "", (args, result.stderr)
+
+
+def test_hash_token_refuses_an_empty_token() -> None:
+    result = bastion("hash-token", stdin="")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "no token" in result.stderr and "bastion hash-token <" in result.stderr
+    assert bastion("hash-token", stdin="\n").returncode == 2
+    ok = bastion("hash-token", stdin="abc\n")
+    assert ok.returncode == 0 and ok.stdout.strip() == hashlib.sha256(b"abc").hexdigest()
+
+
+def test_every_serve_option_has_help_text() -> None:
+    result = subprocess.run(
+        [BASTION, "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+        env={**os.environ, "COLUMNS": "100"},
+    )
+    assert result.returncode == 0
+    lines = result.stdout.split("options:", 1)[1].splitlines()[1:]
+    options = [i for i, line in enumerate(lines) if line.startswith("  -")]
+    assert len(options) >= 13
+    for i in options:
+        spec_and_help = lines[i].strip().split("  ", 1)
+        continued = (
+            i + 1 < len(lines) and lines[i + 1].startswith("   ") and not lines[i + 1].startswith("  -")
+        )
+        assert len(spec_and_help) == 2 or continued, f"no help text: {lines[i].strip()}"
