@@ -7,6 +7,7 @@ subprocess, as a newcomer or an operator would, and reads what they would read.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import signal
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import httpx
 import httpx2
 import pytest
 from mcp import Client
@@ -338,3 +340,44 @@ def test_every_serve_option_has_help_text() -> None:
             i + 1 < len(lines) and lines[i + 1].startswith("   ") and not lines[i + 1].startswith("  -")
         )
         assert len(spec_and_help) == 2 or continued, f"no help text: {lines[i].strip()}"
+
+
+# ---------------------------------------------------------------- point 8
+
+
+def _metrics(base: str) -> str:
+    return httpx.get(base + "/metrics", timeout=10).text
+
+
+def _log_lines(log: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+
+
+def test_a_clean_stop_of_the_demo_logs_no_failure_and_no_ansi(tmp_path: Path, serving: list[Serve]) -> None:
+    serve = Serve.bastion("--data-dir", str(tmp_path / "data"))
+    serving.append(serve)
+    serve.ready_line()
+    log = serve.stop()
+    assert serve.process.returncode == 0, log
+    lines = _log_lines(log)
+    assert any(line["msg"] == "upstream runtime stopped" for line in lines), log
+    assert "upstream runtime failed" not in log
+    assert all("color_message" not in line for line in lines), log
+    assert "\\u001b" not in log and "\x1b" not in log
+
+
+def test_a_refused_sighup_reload_is_logged_once(tmp_path: Path, serving: list[Serve]) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text('[servers.tools]\nurl = "http://127.0.0.1:9/mcp"\n')
+    serve = Serve.bastion("--config", str(config), "--data-dir", str(tmp_path / "data"))
+    serving.append(serve)
+    base = serve.url().removesuffix("/mcp")
+    config.write_text("not [ toml\n")
+    serve.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + WAIT_S
+    while "bastion_policy_reload_failing 1.0" not in _metrics(base):  # recorded, and so logged, by now
+        assert time.monotonic() < deadline, "the SIGHUP reload was never tried"
+        time.sleep(0.05)
+    time.sleep(0.5)  # a second log line, if any, is written right after the first
+    refusals = [line for line in _log_lines(serve.stop()) if "reload refused" in str(line["msg"])]
+    assert len(refusals) == 1, refusals

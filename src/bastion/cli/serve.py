@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import uvicorn
+from anyio.abc import TaskStatus
 from starlette.applications import Starlette
 
 from bastion.app import create_app
@@ -199,7 +200,7 @@ async def _serve(
             for sock in s.sockets:
                 bound = sock.getsockname()[1]
         url = f"http://{host}:{bound}/mcp"
-        tg.start_soon(_reload_on_sighup, app)
+        await tg.start(_reload_on_sighup, app)  # listening before READY: an early SIGHUP reloads
         settle_after_start()  # start-up's objects out of the collector's scans (heap.py)
         print(f"BASTION READY {url}{_not_ready_note(app)}", flush=True)
         if token_note is not None:
@@ -335,15 +336,16 @@ def _stop(process: subprocess.Popen[str] | None) -> None:
         process.wait(timeout=5)
 
 
-async def _reload_on_sighup(app: Starlette) -> None:
+async def _reload_on_sighup(
+    app: Starlette, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
     """SIGHUP re-reads the configuration; an invalid file leaves the last valid snapshot in force."""
     with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        task_status.started()
         async for _ in signals:
             gateway = app.state.gateway
             try:
                 state = await gateway.reload_policy()
                 logger.warning("policy reloaded", extra={"policy_version": state.get("policy_version")})
-            except ConfigError as exc:
-                logger.error(
-                    "policy reload refused; the last valid snapshot stays", extra={"error": exc.message}
-                )
+            except ConfigError:
+                pass  # policy/reload.py logged the refusal (once) with the version that stays

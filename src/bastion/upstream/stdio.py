@@ -225,7 +225,8 @@ class StdioUpstream:
             self._process = None
             await self._stop_process(process)
             if self._on_process_event is not None:
-                self._on_process_event("exited", self)
+                # "stopped": ended by aclose (a clean stop), not a failure to log (#26 point 8).
+                self._on_process_event("stopped" if self._closing else "exited", self)
 
     async def _handshake_while_running(self, process: anyio.abc.Process) -> None:
         """The handshake; a process that ends first fails it at once, not at the timeout (#26 point 1)."""
