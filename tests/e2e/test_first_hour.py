@@ -173,6 +173,7 @@ def test_make_serve_banner_commands_run_as_printed_a_governed_call_and_an_admin_
     assert banner[1].startswith(f"Demo admin token: {admin_file} "), banner
     assert stat.S_IMODE(admin_file.stat().st_mode) == 0o600
     assert admin_file.read_text().strip() != (data / "demo-agent.token").read_text().strip()
+    assert [line.rstrip() for line in banner] == _readme_banner(url, data)[1:], "README shows another banner"
     connect, admin = shlex.split(banner[3]), shlex.split(banner[5])
     assert connect[0] != "python" and Path(connect[0]).is_file(), banner[3]
     assert url in connect
@@ -182,6 +183,15 @@ def test_make_serve_banner_commands_run_as_printed_a_governed_call_and_an_admin_
     listed = subprocess.run(admin, capture_output=True, text=True, timeout=WAIT_S, check=False)
     assert listed.returncode == 0, listed.stderr
     assert "gateway-0" in listed.stdout and "upstream-notes" in listed.stdout, listed.stdout
+
+
+def _readme_banner(url: str, data: Path) -> list[str]:
+    """The banner README.md shows, with this run's URL, data directory and installation put in."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("```text\nBASTION READY ", 1)[1].split("```", 1)[0]
+    text = ("BASTION READY " + block).replace("http://127.0.0.1:8765", url.removesuffix("/mcp"))
+    text = text.replace(".bastion/", f"{data}/").replace("/path/to/bastion", str(REPO))
+    return text.rstrip("\n").splitlines()
 
 
 def test_admin_disabled_names_the_setting_and_how_to_fill_it(tmp_path: Path, serving: list[Serve]) -> None:
@@ -381,3 +391,60 @@ def test_a_refused_sighup_reload_is_logged_once(tmp_path: Path, serving: list[Se
     time.sleep(0.5)  # a second log line, if any, is written right after the first
     refusals = [line for line in _log_lines(serve.stop()) if "reload refused" in str(line["msg"])]
     assert len(refusals) == 1, refusals
+
+
+# ---------------------------------------------------------------- point 9
+
+
+def test_sessions_list_shows_live_sessions_across_replicas_with_the_reference_admin_takes(
+    tmp_path: Path, serving: list[Serve]
+) -> None:
+    """A session opened at replica A is listed by replica B; its REF opens /admin/sessions/{ref}/..."""
+    data = tmp_path / "data"
+    first = Serve.bastion("--data-dir", str(data))
+    serving.append(first)
+    url_a = first.url()
+    second = Serve.bastion("--data-dir", str(data), "--generation", "gateway-1")
+    serving.append(second)
+    base_b = second.url().removesuffix("/mcp")
+    admin_file = data / "demo-admin.token"
+    admin = {"Authorization": f"Bearer {admin_file.read_text().strip()}"}
+    token = (data / "demo-agent.token").read_text().strip()
+    listing = ["sessions", "list", "--url", base_b, "--admin-token-file", str(admin_file)]
+
+    async def while_a_session_is_open() -> tuple[subprocess.CompletedProcess[str], ...]:
+        with anyio.fail_after(WAIT_S):
+            async with (
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http,
+                Client(streamable_http_client(url_a, http_client=http), mode="legacy") as client,
+            ):
+                await client.list_tools()
+                await client.call_tool("notes__echo", {"text": "listed"})
+                table = await anyio.to_thread.run_sync(lambda: bastion(*listing))
+                as_json = await anyio.to_thread.run_sync(lambda: bastion(*listing, "--json"))
+                workers = await anyio.to_thread.run_sync(
+                    lambda: bastion(
+                        "workers", "--url", base_b, "--admin-token-file", str(admin_file), "--json"
+                    )
+                )
+                ref = json.loads(as_json.stdout)["sessions"][0]["transport_session_ref"]
+                async with httpx2.AsyncClient(headers=admin, timeout=10) as http:
+                    attachments = await http.get(f"{base_b}/admin/sessions/{ref}/attachments")
+                assert attachments.status_code == 200, attachments.text
+                return table, as_json, workers
+
+    table, as_json, workers = anyio.run(while_a_session_is_open)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].split()[:3] == ["REF", "AGENT", "PROTOCOL"]
+    sessions = json.loads(as_json.stdout)["sessions"]
+    assert len(sessions) == 1, sessions
+    listed = sessions[0]
+    ref = listed["transport_session_ref"]
+    assert ref.startswith("ts_") and ref in table.stdout
+    assert listed["agent"] == "demo" and listed["protocol_version"].startswith("20")
+    assert {r["namespace"] for r in listed["ownership_records"]} == {"notes", "tools"}
+    notes_owner = next(r["worker_id"] for r in listed["ownership_records"] if r["namespace"] == "notes")
+    by_id = {w["worker_id"]: w for w in json.loads(workers.stdout)["workers"]}
+    assert by_id[notes_owner]["owning_sessions"] == [ref]  # the attachment record proves it
+    after = bastion(*listing, "--json")  # the session closed (DELETE): no longer listed
+    assert json.loads(after.stdout)["sessions"] == []

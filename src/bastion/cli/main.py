@@ -131,11 +131,13 @@ def _parser() -> argparse.ArgumentParser:
 
     from bastion.cli.agent_session_cmd import add_agent_session_parser
     from bastion.cli.connect_cmd import add_connect_parser
+    from bastion.cli.sessions_cmd import add_sessions_parser
     from bastion.cli.workers_cmd import add_workers_parser
 
     add_agent_session_parser(sub)
     add_connect_parser(sub)
     add_workers_parser(sub)
+    add_sessions_parser(sub)
     return parser
 
 
@@ -249,6 +251,10 @@ def _run(argv: list[str] | None) -> int:
         from bastion.cli.workers_cmd import run_workers
 
         return run_workers(args)
+    if args.command == "sessions":
+        from bastion.cli.sessions_cmd import run_sessions
+
+        return run_sessions(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 
