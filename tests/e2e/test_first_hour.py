@@ -127,7 +127,11 @@ def test_a_missing_stdio_command_is_named_at_once_not_after_the_initialize_timeo
     tmp_path: Path, serving: list[Serve]
 ) -> None:
     config = tmp_path / "gateway.toml"
-    config.write_text('[servers.ghost]\ncommand = "/no/such/binary"\n')
+    admin = "first-hour-admin-token"
+    digest = hashlib.sha256(admin.encode()).hexdigest()
+    config.write_text(
+        f'[servers.ghost]\ncommand = "/no/such/binary"\n\n[auth]\nadmin_token_sha256 = "{digest}"\n'
+    )
     started = time.monotonic()
     serve = Serve.bastion("--config", str(config), "--data-dir", str(tmp_path / "data"))
     serving.append(serve)
@@ -135,6 +139,11 @@ def test_a_missing_stdio_command_is_named_at_once_not_after_the_initialize_timeo
     took = time.monotonic() - started
     assert ready.endswith("not-ready=ghost"), ready
     assert took < 15, f"READY after {took:.1f} s: the 30 s initialize timeout was waited"
+    base = ready.split()[2].removesuffix("/mcp")
+    detail = httpx.get(base + "/readyz", headers={"Authorization": f"Bearer {admin}"}, timeout=10).json()
+    (ghost,) = detail["upstreams"]
+    assert ghost["name"] == "ghost" and not ghost["connected"]
+    assert "/no/such/binary" in ghost["detail"] and "exited" in ghost["detail"], ghost
     log = serve.stop()
     assert "upstream ghost (/no/such/binary) exited before answering initialize" in log, log
     assert "not ready at start" in log
