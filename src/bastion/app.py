@@ -214,5 +214,6 @@ def _admin_router(gateway: Gateway) -> Router:
         clock=lambda: datetime.now(UTC),
         attachments=gateway.attachments,
         lease_s=gateway.options.lease_s,
+        idle_timeout_s=lambda: gateway.snapshot().gateway.transport_session_idle_s,
     )
     return Router(routes=routes)

@@ -13,7 +13,12 @@ from datetime import UTC, datetime
 
 __all__ = ["configure_logging"]
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+# uvicorn's ``color_message`` (the message again, with ANSI colour codes) is for terminals only.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",
+}
 
 
 class JsonFormatter(logging.Formatter):

@@ -70,6 +70,13 @@ class AdminReason(enum.StrEnum):
     CREDENTIAL_HOLDS_ANOTHER_ROLE = "credential_holds_another_role"
 
 
+# What an operator needs to turn it on (issue #26 point 3): the setting and how to fill it.
+ADMIN_DISABLED_MESSAGE = (
+    "the admin API is not configured: set [auth] admin_token_sha256 in the configuration to the"
+    " SHA-256 of an admin token (`bastion hash-token < admin.token` prints it) and restart the gateway"
+)
+
+
 class _Refused(Exception):
     def __init__(self, status: int, reason: str, message: str, **extra: Any) -> None:
         super().__init__(message)
@@ -115,7 +122,7 @@ class AdminGate:
     def _check(self, request: Request) -> None:
         # (1) off unless configured: fail closed.
         if self._digest is None:
-            raise _Refused(403, AdminReason.ADMIN_DISABLED, "the admin API is not configured")
+            raise _Refused(403, AdminReason.ADMIN_DISABLED, ADMIN_DISABLED_MESSAGE)
         # (2) never a credential in the URL.
         query = request.url.query.lower()
         if any(query.startswith(k) or "&" + k in query for k in _QUERY_TOKEN_KEYS):

@@ -6,6 +6,11 @@ Owns two read-only routes behind the admin credential (:class:`AdminGate`):
   generation, epoch, liveness, heartbeat age, launch provenance, owning
   sessions (from live attachment records only; ``"unproven"`` when none) and
   cohort, as ``bastion workers`` prints them;
+- ``GET /admin/sessions``: every live client transport session (session era),
+  across replicas (they are store records): its reference, owner agent and
+  agent session, protocol version, client, creating replica, times, and the
+  ownership records naming it; ``?agent=`` narrows to one agent (issue #26).
+  Sessionless requests have no transport session and are not listed;
 - ``GET /admin/sessions/{transport_session_ref}/attachments``: per namespace,
   the ``connected`` and ``attached`` evidence of one client transport session
   and its condition, plus the ownership records the store holds for it. The
@@ -24,8 +29,9 @@ from __future__ import annotations
 import enum
 import json
 import socket
+from collections import defaultdict
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from starlette.requests import Request
@@ -34,7 +40,8 @@ from starlette.routing import Route
 
 from bastion.admin.api import AdminGate
 from bastion.store.base import AttachmentRecord, Store
-from bastion.workers.attachment import AttachmentTracker
+from bastion.store.replicas import TransportSessionRecord
+from bastion.workers.attachment import AttachmentTracker, session_ref_of_key
 from bastion.workers.liveness import PidAlive, pid_alive
 from bastion.workers.registry import UNPROVEN, describe_workers
 
@@ -59,12 +66,15 @@ def worker_routes(
     lease_s: float,
     pid_alive: PidAlive = pid_alive,
     this_host: str | None = None,
+    idle_timeout_s: Callable[[], float] = lambda: 1800.0,
 ) -> list[Route]:
     """The ``/admin/workers`` and ``/admin/sessions/{ref}/...`` routes, behind ``gate``.
 
     ``clock`` returns the timezone-aware time liveness is judged at, with a
     lease of ``lease_s`` seconds (the gateway's). ``attachments`` is this
     gateway's tracker (``None``: no live evidence here, only store records).
+    ``idle_timeout_s()`` is the transport session idle timeout in force: a
+    session not seen for that long is not live and is not listed.
     """
     host = this_host if this_host is not None else socket.gethostname()
 
@@ -74,6 +84,17 @@ def worker_routes(
         return JSONResponse(
             {"as_of": _iso(now), "lease_s": lease_s, "workers": [view.to_json() for view in views]}
         )
+
+    async def list_sessions(request: Request) -> Response:
+        now = clock()
+        idle_s = idle_timeout_s()
+        records = await store.list_transport_sessions(seen_since=now - timedelta(seconds=idle_s))
+        agent = request.query_params.get("agent")
+        owners: dict[str, list[AttachmentRecord]] = defaultdict(list)
+        for attachment in await store.list_attachments():
+            owners[attachment.transport_session_ref].append(attachment)
+        sessions = [_session_json(r, owners) for r in records if agent is None or r.agent == agent]
+        return JSONResponse({"as_of": _iso(now), "idle_timeout_s": idle_s, "sessions": sessions})
 
     async def session_attachments(request: Request) -> Response:
         ref = request.path_params["transport_session_ref"]
@@ -109,6 +130,7 @@ def worker_routes(
 
     return [
         Route("/admin/workers", gate.wrap(list_workers), methods=["GET"]),
+        Route("/admin/sessions", gate.wrap(list_sessions), methods=["GET"]),
         Route(
             "/admin/sessions/{transport_session_ref}/reattach",
             gate.wrap(reattach),
@@ -138,6 +160,25 @@ async def _namespace_of(request: Request) -> str | None:
 
 def _error(status: int, reason: WorkersReason, message: str) -> Response:
     return JSONResponse({"error": {"reason": reason.value, "message": message}}, status_code=status)
+
+
+def _session_json(
+    record: TransportSessionRecord, owners: dict[str, list[AttachmentRecord]]
+) -> dict[str, Any]:
+    """One live transport session; ``transport_session_ref`` is what ``/admin/sessions/{ref}`` takes."""
+    ref = session_ref_of_key(record.key)
+    client = record.client_info
+    return {
+        "transport_session_ref": ref,
+        "agent": record.agent,
+        "agent_session_id": record.agent_session_id,
+        "protocol_version": record.protocol_version,
+        "client": {"name": client.get("name"), "version": client.get("version")},
+        "created_at": _iso(record.created_at),
+        "last_seen_at": _iso(record.last_seen_at),
+        "created_by": record.created_by,
+        "ownership_records": [_record_json(a) for a in owners.get(ref, [])],
+    }
 
 
 def _record_json(record: AttachmentRecord) -> dict[str, Any]:

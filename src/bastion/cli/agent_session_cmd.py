@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from bastion.cli.admin_http import AdminArgumentsUnusable
+from bastion.cli.admin_http import read_secret as _read_secret
+
 if TYPE_CHECKING:
     import httpx
 
@@ -31,8 +34,7 @@ _LIST_COLUMNS = ("agent_session_id", "agent", "human", "team", "state", "expires
 _CREDENTIAL_COLUMNS = ("credential_id", "kind", "created_at", "superseded_at", "renewed_from")
 
 
-class _Unusable(Exception):
-    """Arguments or files the command cannot use (exit 2)."""
+_Unusable = AdminArgumentsUnusable  # arguments or files the command cannot use (exit 2)
 
 
 def parse_duration(text: str) -> float:
@@ -235,16 +237,6 @@ def _path_segment(value: str) -> str:
     if not value or "/" in value or value in (".", ".."):
         raise _Unusable(f"not an agent session id: {value!r}")
     return value
-
-
-def _read_secret(path: Path, what: str) -> str:
-    try:
-        secret = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise _Unusable(f"cannot read the {what} file {path}: {exc.strerror}") from None
-    if not secret or any(c.isspace() for c in secret):
-        raise _Unusable(f"the {what} file {path} must hold one token")
-    return secret
 
 
 def _check_writable(path: Path) -> None:

@@ -9,25 +9,43 @@ with a demo agent token written to ``<data-dir>/demo-agent.token`` (0600).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+
+from bastion import __version__
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bastion", description="A fail-closed gateway for MCP.")
+    parser.add_argument("--version", action="version", version=f"bastion {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", type=Path, help="TOML configuration (default: the bundled demo)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8765)
-    serve.add_argument("--data-dir", type=Path, default=Path(".bastion"))
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; off loopback needs gateway.allowed_hosts)",
+    )
+    serve.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765; 0: any free)")
+    serve.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".bastion"),
+        help="signing keys, the SQLite store and the demo's files (default .bastion, created 0700)",
+    )
     serve.add_argument(
         "--store", help="a postgresql:// URL (default: $BASTION_STORE, [store] url, or <data-dir>/bastion.db)"
     )
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="JSON log lines on stderr from this level up (default info)",
+    )
     serve.add_argument("--generation", default="gateway-0", help="this replica's slot (unique per replica)")
     serve.add_argument("--unsafe-no-audit", action="store_true", help="benchmarks only: no audit chain")
     serve.add_argument(
@@ -40,7 +58,12 @@ def _parser() -> argparse.ArgumentParser:
         default=10_000,
         help="entries per evidence session, genesis and close included (at least 6)",
     )
-    serve.add_argument("--evidence-max-age-s", type=float, default=3600.0, help="... or at this age")
+    serve.add_argument(
+        "--evidence-max-age-s",
+        type=float,
+        default=3600.0,
+        help="... or at this age in seconds, whichever comes first (default 3600)",
+    )
     serve.add_argument(
         "--sessionless-evidence-max-age-s",
         type=float,
@@ -108,15 +131,29 @@ def _parser() -> argparse.ArgumentParser:
 
     from bastion.cli.agent_session_cmd import add_agent_session_parser
     from bastion.cli.connect_cmd import add_connect_parser
+    from bastion.cli.sessions_cmd import add_sessions_parser
     from bastion.cli.workers_cmd import add_workers_parser
 
     add_agent_session_parser(sub)
     add_connect_parser(sub)
     add_workers_parser(sub)
+    add_sessions_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; output into a closed pipe (``bastion public-key | head``) ends it quietly."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+    except BrokenPipeError:
+        # Python's documented recipe: point stdout at devnull so the exit-time flush is quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         from bastion.cli.serve import run_serve
@@ -193,7 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "hash-token":
         from bastion.auth.bearer import hash_token
 
-        print(hash_token(sys.stdin.readline().strip()))
+        token = sys.stdin.readline().strip()
+        if not token:
+            print(
+                "bastion: hash-token read no token on stdin; pipe one in: bastion hash-token < token.file",
+                file=sys.stderr,
+            )
+            return 2
+        print(hash_token(token))
         return 0
     if args.command == "agent-session":
         from bastion.cli.agent_session_cmd import run_agent_session
@@ -207,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         from bastion.cli.workers_cmd import run_workers
 
         return run_workers(args)
+    if args.command == "sessions":
+        from bastion.cli.sessions_cmd import run_sessions
+
+        return run_sessions(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 

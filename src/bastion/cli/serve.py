@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import uvicorn
+from anyio.abc import TaskStatus
 from starlette.applications import Starlette
 
 from bastion.app import create_app
@@ -25,6 +26,7 @@ from bastion.audit.recorder import MIN_MAX_ENTRIES
 from bastion.auth.anonymous import refuse_anonymous_off_loopback
 from bastion.auth.bearer import hash_token
 from bastion.children import guarded_command
+from bastion.cli.listen_address import listen_address_refusal
 from bastion.errors import ConfigError
 from bastion.gateway import RuntimeOptions
 from bastion.heap import settle_after_start
@@ -40,6 +42,7 @@ __all__ = ["EXIT_START_REFUSED", "EXIT_SUPERSEDED", "run_serve"]
 logger = logging.getLogger(__name__)
 
 DEMO_TOKEN_FILE = "demo-agent.token"  # noqa: S105 - a file name, not a secret
+DEMO_ADMIN_TOKEN_FILE = "demo-admin.token"  # noqa: S105 - the demo's admin credential (issue #26 point 3)
 EXIT_START_REFUSED = 3  # the gateway refused to start (held generation, unusable store): one line says why
 EXIT_SUPERSEDED = 4  # a newer epoch took this worker's generation: it drained, stopped its runtimes, exited
 
@@ -73,6 +76,10 @@ def run_serve(
         )
         return 2
     configure_logging(log_level)
+    refusal = listen_address_refusal(host, port)
+    if refusal is not None:
+        print(f"bastion: {refusal}", file=sys.stderr)
+        return EXIT_START_REFUSED
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     demo_upstream: subprocess.Popen[str] | None = None
     try:
@@ -83,7 +90,8 @@ def run_serve(
         else:
             demo_upstream, tools_url = _start_demo_upstream(data_dir)
             token = _demo_token(data_dir)
-            snapshot = _demo_snapshot(data_dir, tools_url, hash_token(token))
+            admin_token = _demo_token(data_dir, DEMO_ADMIN_TOKEN_FILE)
+            snapshot = _demo_snapshot(data_dir, tools_url, hash_token(token), hash_token(admin_token))
             token_note = data_dir / DEMO_TOKEN_FILE
     except ConfigError as exc:
         print(f"bastion: {exc.message}", file=sys.stderr)
@@ -192,16 +200,11 @@ async def _serve(
             for sock in s.sockets:
                 bound = sock.getsockname()[1]
         url = f"http://{host}:{bound}/mcp"
-        tg.start_soon(_reload_on_sighup, app)
+        await tg.start(_reload_on_sighup, app)  # listening before READY: an early SIGHUP reloads
         settle_after_start()  # start-up's objects out of the collector's scans (heap.py)
         print(f"BASTION READY {url}{_not_ready_note(app)}", flush=True)
         if token_note is not None:
-            print(
-                f"Demo agent token: {token_note} (send it as 'Authorization: Bearer <token>').\n"
-                f"Connect with the official Python SDK:\n"
-                f"  python -m bastion.examples.connect --url {url} --token-file {token_note}",
-                flush=True,
-            )
+            print(_demo_banner(url, token_note), flush=True)
         tg.start_soon(_exit_when_superseded, app, server, outcome)
         await ended.wait()
         tg.cancel_scope.cancel()  # the SIGHUP listener ends with the server
@@ -242,14 +245,39 @@ class _Termination:
 _TERMINATION = _Termination()
 
 
+def _demo_banner(url: str, token_note: Path) -> str:
+    """What the demo prints after READY: where its two tokens are, a first call, a first admin command.
+
+    The commands name this installation's own interpreter and ``bastion`` script (a bare
+    ``python`` outside the venv has no ``bastion`` module: issue #26 point 4).
+    """
+    admin_note = token_note.parent / DEMO_ADMIN_TOKEN_FILE
+    base = url.removesuffix("/mcp")
+    return (
+        f"Demo agent token: {token_note} (send it as 'Authorization: Bearer <token>').\n"
+        f"Demo admin token: {admin_note} (the admin API under {base}/admin/ and the admin commands).\n"
+        f"Connect with the official Python SDK:\n"
+        f"  {sys.executable} -m bastion.examples.connect --url {url} --token-file {token_note}\n"
+        f"A first admin command (the replicas and upstream runtimes of this gateway):\n"
+        f"  {_bastion_command()} workers --url {base} --admin-token-file {admin_note}"
+    )
+
+
+def _bastion_command() -> str:
+    """How to run ``bastion`` here: the script beside this interpreter, else ``<python> -m bastion``."""
+    script = Path(sys.executable).parent / "bastion"
+    return str(script) if script.is_file() else f"{sys.executable} -m bastion.cli.main"
+
+
 def _not_ready_note(app: Starlette) -> str:
     """`` not-ready=<name>,...`` for upstreams that are not connected yet ('' when all are)."""
     names = [h.name for h in app.state.gateway.fleet.health() if not h.connected]
     return f" not-ready={','.join(sorted(names))}" if names else ""
 
 
-def _demo_token(data_dir: Path) -> str:
-    path = data_dir / DEMO_TOKEN_FILE
+def _demo_token(data_dir: Path, name: str = DEMO_TOKEN_FILE) -> str:
+    """The demo's token in ``data_dir/name`` (0600), made once and kept across restarts."""
+    path = data_dir / name
     if path.exists():
         return path.read_text().strip()
     token = secrets.token_urlsafe(32)
@@ -277,7 +305,7 @@ def _start_demo_upstream(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
     return process, line.split()[1]
 
 
-def _demo_snapshot(data_dir: Path, tools_url: str, token_sha256: str) -> Snapshot:
+def _demo_snapshot(data_dir: Path, tools_url: str, token_sha256: str, admin_token_sha256: str) -> Snapshot:
     data: dict[str, Any] = {
         "servers": {
             "notes": {
@@ -291,6 +319,7 @@ def _demo_snapshot(data_dir: Path, tools_url: str, token_sha256: str) -> Snapsho
             "tools": {"url": tools_url},
         },
         "agents": {"demo": {"token_sha256": token_sha256}},
+        "auth": {"admin_token_sha256": admin_token_sha256},
     }
     version = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
     return snapshot_from_mapping(data, source=None, version=version)
@@ -307,15 +336,16 @@ def _stop(process: subprocess.Popen[str] | None) -> None:
         process.wait(timeout=5)
 
 
-async def _reload_on_sighup(app: Starlette) -> None:
+async def _reload_on_sighup(
+    app: Starlette, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
     """SIGHUP re-reads the configuration; an invalid file leaves the last valid snapshot in force."""
     with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        task_status.started()
         async for _ in signals:
             gateway = app.state.gateway
             try:
                 state = await gateway.reload_policy()
                 logger.warning("policy reloaded", extra={"policy_version": state.get("policy_version")})
-            except ConfigError as exc:
-                logger.error(
-                    "policy reload refused; the last valid snapshot stays", extra={"error": exc.message}
-                )
+            except ConfigError:
+                pass  # policy/reload.py logged the refusal (once) with the version that stays

@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from bastion.cli.admin_http import AdminArgumentsUnusable, admin_get, print_table
+
 if TYPE_CHECKING:
     import httpx
 
@@ -96,34 +98,12 @@ def run_workers(
 def _from_admin_api(
     args: argparse.Namespace, http: httpx.Client | None, err: TextIO
 ) -> dict[str, Any] | None:
-    import httpx
-
-    if args.admin_token_file is None:
-        raise _Unusable("--url needs --admin-token-file")
-    admin_token = _read_secret(args.admin_token_file)
-    base = str(args.url).rstrip("/").removesuffix("/mcp")
-    headers = {"Authorization": f"Bearer {admin_token}"}
     try:
-        if http is None:
-            with httpx.Client(timeout=args.timeout) as client:
-                response = client.get(base + "/admin/workers", headers=headers)
-        else:
-            response = http.get(base + "/admin/workers", headers=headers)
-    except httpx.HTTPError as exc:
-        print(f"bastion: cannot reach the admin API at {base}: {type(exc).__name__}", file=err)
-        return None
-    try:
-        answer = response.json()
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict):
-        print(f"bastion: the admin API answered {response.status_code} without JSON", file=err)
-        return None
-    if response.status_code >= 400:
-        error = answer.get("error") or {}
-        print(f"bastion: {error.get('reason', response.status_code)}: {error.get('message', '')}", file=err)
-        return None
-    return answer
+        return admin_get(
+            str(args.url), args.admin_token_file, "/admin/workers", timeout=args.timeout, http=http, err=err
+        )
+    except AdminArgumentsUnusable as exc:
+        raise _Unusable(str(exc)) from None
 
 
 def _from_store(args: argparse.Namespace) -> dict[str, Any]:
@@ -206,18 +186,4 @@ def _policy_cell(worker: dict[str, Any]) -> str:
 
 
 def _print_table(workers: list[dict[str, Any]], out: TextIO) -> None:
-    cells = [[c.upper() for c in COLUMNS]]
-    cells += [[row_of(w)[c] for c in COLUMNS] for w in workers]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
-    for line in cells:
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip(), file=out)
-
-
-def _read_secret(path: Path) -> str:
-    try:
-        secret = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise _Unusable(f"cannot read the admin token file {path}: {exc.strerror}") from None
-    if not secret or any(c.isspace() for c in secret):
-        raise _Unusable(f"the admin token file {path} must hold one token")
-    return secret
+    print_table(COLUMNS, [[row_of(w)[c] for c in COLUMNS] for w in workers], out)

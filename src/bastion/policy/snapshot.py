@@ -307,6 +307,23 @@ class Snapshot:
             for namespace in sorted(grant.namespaces):
                 if namespace not in namespaces:
                     raise ConfigError(f"grant {grant.name}: unknown namespace {namespace!r}")
+            self._check_grant_tool_names(grant)
+
+    def _check_grant_tool_names(self, grant: Grant) -> None:
+        """A grant names upstream tools; the exposed ``<namespace><sep><tool>`` would match nothing (#26)."""
+        sep = self.gateway.tool_separator
+        prefixed = {
+            spec.namespace + sep
+            for spec in self.servers.values()
+            if not spec.transparent and (spec.name in grant.servers or spec.namespace in grant.namespaces)
+        }
+        for pattern in grant.tools:
+            for prefix in sorted(prefixed):
+                if pattern.startswith(prefix) and len(pattern) > len(prefix):
+                    raise ConfigError(
+                        f"grant {grant.name}: tools names {pattern!r}, the name clients see; a grant"
+                        f" names the tool as its server spells it: {pattern.removeprefix(prefix)!r}"
+                    )
 
     def server_for_namespace(self, namespace: str) -> ServerSpec | None:
         for spec in self.servers.values():

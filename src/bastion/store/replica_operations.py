@@ -44,6 +44,10 @@ class ReplicaRecordOperations:
     async def get_transport_session(self, key: str) -> TransportSessionRecord | None:
         return await self._read(lambda: replicas.get_transport_session(key))
 
+    async def list_transport_sessions(self, *, seen_since: datetime) -> list[TransportSessionRecord]:
+        since_us = to_us(seen_since)
+        return await self._read(lambda: replicas.list_transport_sessions(since_us))
+
     async def touch_transport_sessions(
         self, keys: Sequence[str], now: datetime, *, writer: WorkerId, epoch: Epoch
     ) -> None:

@@ -121,6 +121,10 @@ class ReplicaRecords(Protocol):
         """The record under ``key``, terminated or not; ``None`` if never created."""
         ...
 
+    async def list_transport_sessions(self, *, seen_since: datetime) -> list[TransportSessionRecord]:
+        """Every record not terminated and seen at or after ``seen_since``, oldest first (issue #26)."""
+        ...
+
     async def touch_transport_sessions(
         self, keys: Sequence[str], now: datetime, *, writer: WorkerId, epoch: Epoch
     ) -> None:

@@ -33,6 +33,11 @@ class ReplicaRecordsPassthrough:
     async def get_transport_session(self: _Wrapper, key: str) -> TransportSessionRecord | None:
         return await self.inner.get_transport_session(key)
 
+    async def list_transport_sessions(
+        self: _Wrapper, *, seen_since: datetime
+    ) -> list[TransportSessionRecord]:
+        return await self.inner.list_transport_sessions(seen_since=seen_since)
+
     async def touch_transport_sessions(
         self: _Wrapper, keys: Sequence[str], now: datetime, *, writer: WorkerId, epoch: Epoch
     ) -> None:

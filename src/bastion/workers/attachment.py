@@ -60,6 +60,7 @@ __all__ = [
     "check_attachment",
     "condition_of",
     "persist_surface_change",
+    "session_ref_of_key",
     "sessionless_ref",
     "transport_session_ref",
 ]
@@ -376,7 +377,12 @@ def transport_session_ref(transport_session_id: str) -> str:
     The ``Mcp-Session-Id`` itself is a bearer of the session and is never
     stored or shown; its SHA-256 prefix is.
     """
-    return "ts_" + hashlib.sha256(transport_session_id.encode()).hexdigest()[:24]
+    return session_ref_of_key(hashlib.sha256(transport_session_id.encode()).hexdigest())
+
+
+def session_ref_of_key(key: str) -> str:
+    """The reference of the transport session stored under ``key`` (its ``transport_session_key``)."""
+    return "ts_" + key[:24]
 
 
 def sessionless_ref(agent: str, agent_session_id: str | None) -> str:

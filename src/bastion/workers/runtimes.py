@@ -9,7 +9,9 @@ store each launch their own processes, so each needs its own slots).
 
 When a process exits, that one identity is marked failed (never its
 namespace, never the fleet); the replacement the supervisor starts gets a new
-identity and claims the slot with a strictly higher epoch. The registry
+identity and claims the slot with a strictly higher epoch. A process the
+gateway itself stopped (a clean shutdown: the ``"stopped"`` event) has its
+liveness withdrawn instead, and no failure is logged. The registry
 heartbeats the runtimes it launched while they run, so ``bastion workers``
 shows them live.
 
@@ -44,7 +46,7 @@ __all__ = ["LaunchedRuntime", "ProcessHook", "RuntimeRegistry"]
 logger = logging.getLogger(__name__)
 
 ProcessHook = Callable[[str, Any], None]
-"""``hook(kind, upstream)`` with kind ``"started"``/``"exited"`` and ``upstream.name``, ``upstream.pid``."""
+"""``hook(kind, upstream)``: kind ``"started"``/``"exited"``/``"stopped"``; ``upstream.name``, ``.pid``."""
 
 _NAME_CHARS = re.compile(r"[^a-z0-9-]+")
 _Event = tuple[str, str, int, str]  # kind, server, pid, config version
@@ -209,7 +211,7 @@ class RuntimeRegistry:
 
         def hook(kind: str, upstream: Any) -> None:
             pid = getattr(upstream, "pid", None)
-            if kind in ("started", "exited") and isinstance(pid, int):
+            if kind in ("started", "exited", "stopped") and isinstance(pid, int):
                 # After run() ended (shutdown) events have nowhere to go; the process hook must not raise.
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     send.send_nowait((kind, str(upstream.name), pid, config_version))
@@ -255,13 +257,23 @@ class RuntimeRegistry:
                 await self.register_launch(server, pid, config_version)
                 return
             running = self._running.get(server)
-            if running is not None and running.pid == pid:
+            if running is not None and running.pid == pid and kind == "stopped":
+                await self._mark_stopped(server, running, pid)
+            elif running is not None and running.pid == pid:
                 await self.mark_failed(running.worker, f"process {pid} exited")
         except (StoreError, TimeoutError) as exc:
             logger.error(
                 "could not record an upstream runtime event",
                 extra={"server": server, "event": kind, "error": str(exc)},
             )
+
+    async def _mark_stopped(self, server: str, running: LaunchedRuntime, pid: int) -> None:
+        """A process the gateway stopped on purpose: not live any more, and no failure (#26 point 8)."""
+        del self._running[server]
+        await self._store.withdraw_liveness(
+            running.worker, now=self._clock(), reason=f"process {pid} stopped by its gateway"
+        )
+        logger.info("upstream runtime stopped", extra={"worker": running.worker, "reason": "stopped"})
 
     async def _heartbeat_forever(self) -> None:
         while True:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -165,3 +166,23 @@ async def test_policy_reports_keep_each_workers_latest(store: Store, writer: Wri
     assert reports == {writer.worker: ("v2", None, later), other.worker: ("v1", None, NOW)}
     with pytest.raises(StaleEpoch):
         await store.report_policy("v3", None, later, writer=writer.worker, epoch=Epoch(writer.epoch + 1))
+
+
+async def test_listing_gives_every_replica_the_live_sessions_only(
+    store: Store, replica: Store, writer: Writer
+) -> None:
+    """Issue #26 point 9: not terminated and seen since the bound, oldest first, at any replica."""
+    live, idle, ended = (transport_session_key(name) for name in ("live", "idle", "ended"))
+    old = NOW - timedelta(hours=2)
+    for key in (live, ended):
+        await store.create_transport_session(
+            record(key, by=writer.worker), writer=writer.worker, epoch=writer.epoch
+        )
+    idle_record = dataclasses.replace(record(idle, by=writer.worker), created_at=old, last_seen_at=old)
+    await store.create_transport_session(idle_record, writer=writer.worker, epoch=writer.epoch)
+    await store.terminate_transport_session(ended, "deleted", NOW)
+    listed = await replica.list_transport_sessions(seen_since=NOW - timedelta(minutes=30))
+    assert [r.key for r in listed] == [live]
+    everything = await replica.list_transport_sessions(seen_since=old)
+    assert [r.key for r in everything] == [idle, live]  # oldest first
+    assert everything[1] == record(live, by=writer.worker)

@@ -44,6 +44,15 @@ def get_transport_session(key: str) -> Op[TransportSessionRecord | None]:
     return None if row is None else transport_session_from_row(row)
 
 
+def list_transport_sessions(seen_since_us: int) -> Op[list[TransportSessionRecord]]:
+    select_all = SELECT_TRANSPORT_SESSION.removesuffix(" WHERE key = ?")
+    found = yield from rows(
+        select_all + " WHERE terminated_at IS NULL AND last_seen_at >= ? ORDER BY created_at, key",
+        seen_since_us,
+    )
+    return [transport_session_from_row(row) for row in found]
+
+
 def touch_transport_sessions(keys: Sequence[str], now_us: int, writer: WorkerId, epoch: Epoch) -> Op[None]:
     yield from fence(writer, epoch)
     marks = ", ".join("?" for _ in keys)  # placeholders only: every value is a parameter
