@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ from bastion.surface.capabilities import GOVERNED_EXTENSIONS
 from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, _stop
 from tests.e2e.extensions_upstream import LIST_META
-from tests.e2e.third_party.servers import npm_server
+from tests.e2e.third_party.servers import fastmcp_python, npm_server
 
 pytestmark = pytest.mark.anyio
 
@@ -206,3 +208,46 @@ async def test_list_level_meta_is_kept_unless_grants_hid_part_of_the_page(
     assert "io.modelcontextprotocol/forged" not in listed.meta
     assert hidden.resources == []
     assert not {k for k in (hidden.meta or {}) if not k.startswith("io.modelcontextprotocol/")}
+
+
+@pytest.fixture(scope="module")
+def fastmcp4_apps() -> Iterator[str]:
+    """FastMCP 4 (third-party) over HTTP with an MCP Apps tool; its URL once it answers."""
+    python = fastmcp_python(4)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = Path(__file__).parent / "third_party" / "fastmcp4_apps.py"
+    process = subprocess.Popen([python, str(script), str(port)], stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            break
+        assert process.poll() is None and time.monotonic() < deadline, "FastMCP 4 did not start"
+        time.sleep(0.2)
+    yield url
+    _stop(process)
+
+
+async def test_fastmcp4s_apps_extension_and_ui_tool_come_through(tmp_path: Path, fastmcp4_apps: str) -> None:
+    """A third-party server's declared ui extension reaches both client eras; its UI resource is readable."""
+    server = {"url": fastmcp4_apps}
+    with anyio.fail_after(90):
+        async with _direct(server, "auto") as client:
+            direct = _declared(client)
+        async with _gateway(tmp_path, {"fm": server}) as url:
+            through = {}
+            for mode in MODES:
+                async with _through(url, mode) as client:
+                    through[mode] = _declared(client)
+                    tools = {t.name: t for t in (await client.list_tools()).tools}
+                    assert tools["fm__clock"].meta is not None
+                    uri = tools["fm__clock"].meta["ui"]["resourceUri"]
+                    read = await client.read_resource(uri)
+                    assert read.contents[0].mime_type == "text/html;profile=mcp-app"
+    assert direct["extensions"] == {"io.modelcontextprotocol/ui": {}}
+    for mode in MODES:
+        assert through[mode]["extensions"] == direct["extensions"]
+        assert {k for k in through[mode] if k != "extensions"} == {k for k in direct if k != "extensions"}
+    assert uri == "bastion://fm/ui://clock/app.html"
