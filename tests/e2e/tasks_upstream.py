@@ -1,20 +1,26 @@
-"""An upstream that serves 2025-11-25 tasks, on the SDK's task types (issue 24 tests).
+"""An upstream that answers with tasks, on the SDK's task types (issue 24 tests).
 
-``compute`` runs as a plain call or, asked with ``params.task``, as a task (``CreateTaskResult``,
-then ``tasks/get`` / ``tasks/result``); ``research`` runs only as a task (``taskSupport:
-"required"``, refused as a plain call, as the TypeScript SDK refuses one). ``tasks_made`` says
-how many tasks this process created, so a test sees whether an augmentation reached it.
+The installed SDK serves no tasks itself (no ``tasks/get`` or ``tasks/result``); this fixture only
+makes them. ``compute`` runs as a plain call, and answers a task (``CreateTaskResult``) when the
+call carries ``params.task``: what reaches it says whether an augmentation got through (the SDK's
+own result sieve turns that answer into an error on a session-era wire). ``research`` runs only
+as a task (``taskSupport: "required"``, refused as a plain call, as the TypeScript SDK refuses
+one). ``insists_2026`` answers every call with a 2026 task (``resultType: "task"``), which the SDK
+delivers on its 2026 wire (``--http``). ``tasks_made`` says how many tasks this process made.
 
     python -m tests.e2e.tasks_upstream            # stdio
+    python -m tests.e2e.tasks_upstream --http     # prints LISTENING <url>
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import itertools
 import warnings
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
@@ -23,16 +29,30 @@ from mcp.types import (
     CreateTaskResult,
     ListToolsResult,
     PaginatedRequestParams,
+    Result,
     Task,
     TextContent,
     Tool,
 )
 
+from bastion.examples.tools_server import MCP_PATH, serve_announced
+
 _TOOLS = [
     Tool(name="compute", input_schema={"type": "object"}, execution={"taskSupport": "optional"}),
     Tool(name="research", input_schema={"type": "object"}, execution={"taskSupport": "required"}),
     Tool(name="tasks_made", input_schema={"type": "object"}),
+    Tool(name="insists_2026", input_schema={"type": "object"}),
 ]
+
+
+class FlatTaskResult(Result):
+    """The 2026 tasks extension's ``CreateTaskResult``: ``resultType: "task"``, the task flat."""
+
+    result_type: str = "task"
+    task_id: str
+    status: str
+    created_at: str
+    last_updated_at: str
 
 
 def build_server() -> MCPServer[Any]:
@@ -43,13 +63,18 @@ def build_server() -> MCPServer[Any]:
     async def list_tools(ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
         return ListToolsResult(tools=_TOOLS)
 
-    async def call_tool(ctx: Any, params: CallToolRequestParams) -> CallToolResult | CreateTaskResult:
+    async def call_tool(ctx: Any, params: CallToolRequestParams) -> Result:
         nonlocal count
         if params.name == "tasks_made":
             return CallToolResult(content=[TextContent(type="text", text=str(count))])
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        if params.name == "insists_2026":
+            count += 1
+            return FlatTaskResult(
+                task_id=f"task-{next(made)}", status="working", created_at=now, last_updated_at=now
+            )
         if params.task is not None:
             count += 1
-            now = datetime.datetime.now(datetime.UTC).isoformat()
             task = Task(task_id=f"task-{next(made)}", status="working", created_at=now, last_updated_at=now)
             return CreateTaskResult(task=task)
         if params.name == "research":
@@ -63,8 +88,16 @@ def build_server() -> MCPServer[Any]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.e2e.tasks_upstream")
+    parser.add_argument("--http", action="store_true")
+    args = parser.parse_args()
     warnings.simplefilter("ignore")
-    build_server().run("stdio")
+    server = build_server()
+    if not args.http:
+        server.run("stdio")
+        return
+    app = server.streamable_http_app(streamable_http_path=MCP_PATH, host="127.0.0.1")
+    anyio.run(lambda: serve_announced(app, host="127.0.0.1", port=0))
 
 
 if __name__ == "__main__":

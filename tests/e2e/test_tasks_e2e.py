@@ -3,7 +3,8 @@
 The gateway does not yet own tasks, so it declares none (tests/e2e/test_capabilities_relayed.py):
 a 2025-11-25 task augmentation is ignored, as by any receiver that does not declare tasks, and
 the call runs to its result; a tool that runs only as a task is refused by name (``TaskRequired``,
--32080) before admission and before any upstream is asked. Upstreams: the SDK fixture
+-32080) before admission and before any upstream is asked; a task the upstream starts anyway is
+not relayed (``unrequested_task``) and its execution is ``outcome_unknown``. Upstreams: the SDK fixture
 ``tests/e2e/tasks_upstream.py`` and the TypeScript SDK's server-everything.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,12 +24,14 @@ import orjson
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from bastion.admission.states import ExecutionState
 from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
+from bastion.ids import AgentId, ExecutionId
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
-from tests.e2e.conftest import TOKENS, RunningGateway
+from tests.e2e.conftest import TOKENS, RunningGateway, _stop
 from tests.e2e.test_transport_rules import MODERN, MODERN_META, headers, open_session, rpc, session_headers
 from tests.e2e.third_party.servers import npm_server
 
@@ -38,10 +42,10 @@ TASK = {"ttl": 60000}
 
 
 @contextlib.asynccontextmanager
-async def _gateway(tmp_path: Path, *, everything: bool = False) -> AsyncIterator[RunningGateway]:
-    servers: dict[str, Any] = {
-        "tasks": {"command": sys.executable, "args": ["-m", "tests.e2e.tasks_upstream"]},
-    }
+async def _gateway(
+    tmp_path: Path, *, everything: bool = False, servers: dict[str, Any] | None = None
+) -> AsyncIterator[RunningGateway]:
+    servers = servers or {"tasks": {"command": sys.executable, "args": ["-m", "tests.e2e.tasks_upstream"]}}
     if everything:
         command = npm_server("everything", "stdio")
         servers["ev"] = {"command": command[0], "args": command[1:]}
@@ -128,3 +132,40 @@ async def test_a_tool_that_runs_only_as_a_task_is_refused_by_name(tmp_path: Path
     assert all(e["event"] == "refused" and e["decision"] == "deny" for e in refused_entries)
     refused_calls = {e["call_id"] for e in refused_entries}
     assert not [e for e in entries if e["call_id"] in refused_calls and e["event"] != "refused"]
+
+
+async def test_a_task_the_upstream_insists_on_is_refused_its_execution_outcome_unknown(
+    tmp_path: Path,
+) -> None:
+    """A plain call answered with a 2026 task: a typed error, outcome_unknown, and a replay creates none."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.e2e.tasks_upstream", "--http"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("LISTENING "), line
+        servers = {"tasks": {"url": line.split()[1], "era": "sessionless"}}
+        params = {"name": "tasks__insists_2026", "arguments": {}, "_cmcp": {"execution_id": "ex-insists"}}
+        with anyio.fail_after(60):
+            async with _gateway(tmp_path, servers=servers) as running, httpx.AsyncClient(timeout=30) as http:
+                session_id = await open_session(http, running.url)
+                call = session_headers(session_id)
+                first = await http.post(running.url, headers=call, json=rpc("tools/call", params, 2))
+                again = await http.post(running.url, headers=call, json=rpc("tools/call", params, 3))
+                made = await http.post(
+                    running.url, headers=call, json=rpc("tools/call", {"name": "tasks__tasks_made"}, 4)
+                )
+                store = running.gateway.store
+                assert store is not None
+                record = await store.get_execution(AgentId("alice"), ExecutionId("ex-insists"))
+    finally:
+        _stop(process)
+    error = first.json()["error"]
+    assert error["code"] == -32062
+    assert error["data"]["reason"] == "upstream_protocol_error"
+    assert error["data"]["problem"] == "unrequested_task"
+    assert record is not None and record.state is ExecutionState.OUTCOME_UNKNOWN
+    replay = again.json()["error"]["data"]
+    assert replay["reason"] == "execution_replay" and replay["earlier_outcome"] == "outcome_unknown"
+    assert _text(made.json()) == "1"  # the replay created no second task

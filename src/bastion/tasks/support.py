@@ -9,7 +9,11 @@ upstream only as ``sampling``, ``elicitation`` and ``roots`` (``upstream/streama
 
 A tool whose ``execution.taskSupport`` is ``"required"`` cannot run that way: the call is refused
 with :class:`~bastion.errors.TaskRequired`, before admission and before any upstream is asked,
-never sent to fail upstream. Pure functions.
+never sent to fail upstream. An upstream that answers a plain call with a task anyway (either
+revision's ``CreateTaskResult``) has started work nobody can collect through the gateway: the
+result is not relayed (``settle.py``: ``UpstreamProtocolError``, problem ``unrequested_task``) and
+the execution is ``outcome_unknown``, so a replay is refused and no second task is created.
+Pure functions.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any, Final
 
 from bastion.errors import TaskRequired
 
-__all__ = ["TASK_PARAM", "check_runs_without_task"]
+__all__ = ["TASK_PARAM", "check_runs_without_task", "is_task_result"]
 
 # The 2025-11-25 task augmentation of a request (``TaskMetadata``: ``ttl``).
 TASK_PARAM: Final[str] = "task"
@@ -37,3 +41,11 @@ def check_runs_without_task(definition: Mapping[str, Any], tool: str) -> None:
             f"Tool {tool} runs only as a task, and tasks are not relayed through this gateway",
             tool=tool,
         )
+
+
+def is_task_result(result: Mapping[str, Any]) -> bool:
+    """Whether ``result`` is a ``CreateTaskResult``: 2026 (``resultType: "task"``, the task's fields
+    flat) or 2025-11-25 (a ``task`` object where a tool result would be)."""
+    if result.get("resultType") == "task":
+        return True
+    return isinstance(result.get("task"), Mapping) and "content" not in result
