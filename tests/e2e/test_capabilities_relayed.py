@@ -36,6 +36,7 @@ from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, _stop
 from tests.e2e.extensions_upstream import LIST_META
 from tests.e2e.third_party.servers import fastmcp_python, npm_server
+from tests.e2e.upstream_support import listening_upstream
 
 pytestmark = pytest.mark.anyio
 
@@ -46,12 +47,8 @@ NOT_RELAYED = ("tasks", "experimental", "extensions")
 
 @pytest.fixture(scope="module")
 def extensions_http() -> Iterator[str]:
-    process = subprocess.Popen([*EXTENSIONS_STDIO, "--http"], stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert line.startswith("LISTENING "), line
-    yield line.split()[1]
-    _stop(process)
+    with listening_upstream([*EXTENSIONS_STDIO, "--http"]) as url:
+        yield url
 
 
 def _server(kind: str, http_url: str) -> dict[str, Any]:

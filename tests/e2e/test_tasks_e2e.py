@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,9 +30,10 @@ from bastion.gateway import RuntimeOptions
 from bastion.ids import AgentId, ExecutionId
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
-from tests.e2e.conftest import TOKENS, RunningGateway, _stop
+from tests.e2e.conftest import TOKENS, RunningGateway
 from tests.e2e.test_transport_rules import MODERN, MODERN_META, headers, open_session, rpc, session_headers
 from tests.e2e.third_party.servers import npm_server
+from tests.e2e.upstream_support import listening_upstream
 
 pytestmark = pytest.mark.anyio
 
@@ -138,29 +138,23 @@ async def test_a_task_the_upstream_insists_on_is_refused_its_execution_outcome_u
     tmp_path: Path,
 ) -> None:
     """A plain call answered with a 2026 task: a typed error, outcome_unknown, and a replay creates none."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.tasks_upstream", "--http"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.startswith("LISTENING "), line
-        servers = {"tasks": {"url": line.split()[1], "era": "sessionless"}}
-        params = {"name": "tasks__insists_2026", "arguments": {}, "_cmcp": {"execution_id": "ex-insists"}}
-        with anyio.fail_after(60):
-            async with _gateway(tmp_path, servers=servers) as running, httpx.AsyncClient(timeout=30) as http:
-                session_id = await open_session(http, running.url)
-                call = session_headers(session_id)
-                first = await http.post(running.url, headers=call, json=rpc("tools/call", params, 2))
-                again = await http.post(running.url, headers=call, json=rpc("tools/call", params, 3))
-                made = await http.post(
-                    running.url, headers=call, json=rpc("tools/call", {"name": "tasks__tasks_made"}, 4)
-                )
-                store = running.gateway.store
-                assert store is not None
-                record = await store.get_execution(AgentId("alice"), ExecutionId("ex-insists"))
-    finally:
-        _stop(process)
+    params = {"name": "tasks__insists_2026", "arguments": {}, "_cmcp": {"execution_id": "ex-insists"}}
+    with (
+        listening_upstream([sys.executable, "-m", "tests.e2e.tasks_upstream", "--http"]) as upstream_url,
+        anyio.fail_after(60),
+    ):
+        servers = {"tasks": {"url": upstream_url, "era": "sessionless"}}
+        async with _gateway(tmp_path, servers=servers) as running, httpx.AsyncClient(timeout=30) as http:
+            session_id = await open_session(http, running.url)
+            call = session_headers(session_id)
+            first = await http.post(running.url, headers=call, json=rpc("tools/call", params, 2))
+            again = await http.post(running.url, headers=call, json=rpc("tools/call", params, 3))
+            made = await http.post(
+                running.url, headers=call, json=rpc("tools/call", {"name": "tasks__tasks_made"}, 4)
+            )
+            store = running.gateway.store
+            assert store is not None
+            record = await store.get_execution(AgentId("alice"), ExecutionId("ex-insists"))
     error = first.json()["error"]
     assert error["code"] == -32062
     assert error["data"]["reason"] == "upstream_protocol_error"
