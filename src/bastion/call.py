@@ -63,6 +63,7 @@ from bastion.settle import send_and_settle
 from bastion.store.base import ExecutionStep, Store
 from bastion.store.health import StoreHealth
 from bastion.surface.limits import SurfaceLimits
+from bastion.tasks.support import TASK_PARAM, check_runs_without_task
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
 from bastion.workers.attachment import AttachmentTracker, sessionless_ref, transport_session_ref
@@ -271,6 +272,9 @@ class ToolCallPath:
             # After the grant decision: a tool the caller may not see stays unknown to it.
             # (A schema without x-mcp-header parameters checks nothing: the walk is skipped.)
             check_param_headers(entry.definition, arguments, caller.param_headers)
+        # A tool that runs only as a task cannot cross (tasks/support.py): refused by name, never
+        # sent to fail upstream. After the grant decision: a hidden tool stays unknown.
+        check_runs_without_task(entry.definition, name)
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding, attempt.args_digest = bind_call(entry.server, entry.upstream_name, arguments)
         # A requestState continues only the call it was issued for: this agent, server, tool and
@@ -635,7 +639,9 @@ class ToolCallPath:
     def _upstream_params(
         entry: ToolEntry, params: dict[str, Any], arguments: dict[str, Any]
     ) -> dict[str, Any]:
-        out = strip_reserved_meta({k: v for k, v in params.items() if k not in ("name", "arguments")})
+        # A task augmentation is ignored, as by any receiver that does not declare tasks (issue 24).
+        relayed = {k: v for k, v in params.items() if k not in ("name", "arguments", TASK_PARAM)}
+        out = strip_reserved_meta(relayed)
         out["name"] = entry.upstream_name
         out["arguments"] = arguments
         return out

@@ -21,7 +21,8 @@
 │  ├─ InputRoundUnknown (a requestState this replica does not hold for this agent)
     │  ├─ InputRoundMismatch (-32037: the caller's requestState, presented with another call)
     │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
-    │  └─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
+    │  ├─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
+    │  └─ TaskRequired (-32080: the upstream insists on a task, which is not relayed; issue 24)
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
     │  └─ UpstreamResponseTooLarge (an UpstreamProtocolError: a message over servers.NAME.max_response_bytes)
     └─ StoreError             StaleEpoch   NotDurable   Conflict   GenerationHeld (start refused)
@@ -82,6 +83,7 @@ __all__ = [
     "SessionStoreUnavailable",
     "StaleEpoch",
     "StoreError",
+    "TaskRequired",
     "TooManySessions",
     "Unauthenticated",
     "UnknownPrompt",
@@ -140,6 +142,7 @@ class Reason(enum.StrEnum):
     EXECUTION_IN_FLIGHT = "execution_in_flight"
     EXECUTION_REPLAY = "execution_replay"
     EXECUTION_ID_REQUIRED = "execution_id_required"
+    TASK_REQUIRED = "task_required"
     INPUT_ROUND_UNKNOWN = "input_round_unknown"
     INPUT_ROUND_MISMATCH = "input_round_mismatch"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
@@ -483,6 +486,14 @@ class ExecutionIdRequired(CallRefused):
     reason = Reason.EXECUTION_ID_REQUIRED
     jsonrpc_code = -32053
     default_message = "This tool requires params._cmcp.execution_id"
+
+
+class TaskRequired(CallRefused):
+    """The upstream runs this tool only as a task, which the gateway does not relay (issue 24)."""
+
+    reason = Reason.TASK_REQUIRED
+    jsonrpc_code = -32080
+    default_message = "This tool runs only as a task, and tasks are not relayed through this gateway"
 
 
 # ---------------------------------------------------------------- upstream

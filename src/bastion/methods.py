@@ -29,7 +29,8 @@ from bastion.policy.decide import visible_tools
 from bastion.policy.snapshot import Snapshot
 from bastion.session.listeners import ListenerHub, honored_filter
 from bastion.session.state import TransportSession
-from bastion.surface.capabilities import surface_capabilities
+from bastion.surface.apps import exposed_tool
+from bastion.surface.capabilities import CapabilityRelay
 from bastion.surface.completion import CompletionPath
 from bastion.surface.prompts import PromptPath
 from bastion.surface.resources import ResourcePath
@@ -41,7 +42,8 @@ from bastion.versions import SUPPORTED_VERSIONS
 __all__ = ["SERVER_CAPABILITIES", "SERVER_INFO", "MethodRouter", "for_sessionless_wire"]
 
 SERVER_INFO = {"name": "bastion", "version": __version__}
-SERVER_CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": True}, "logging": {}}
+# Bastion's own: the merged, governed tool surface. The rest is relayed (surface/capabilities.py).
+SERVER_CAPABILITIES: dict[str, Any] = {"tools": {"listChanged": True}}
 # Methods that do not exist on the 2026-07-28 wire, and those that exist only there.
 REMOVED_AT_MODERN: frozenset[str] = frozenset(
     {"ping", "initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
@@ -102,6 +104,7 @@ class MethodRouter:
         prompts = PromptPath(fleet, snapshot, limits, call_path.rounds)
         # Resource subscriptions (issue 9): per client session, or per listen stream.
         self.subscriptions = SubscribePath(fleet, snapshot, ResourceSubscriptions(fleet, snapshot), limits)
+        self._capabilities = CapabilityRelay()  # issue 24: relayed as declared, reported once
         self._handlers: dict[str, Handler] = {
             "ping": self._ping,
             "server/discover": self._discover,
@@ -122,7 +125,7 @@ class MethodRouter:
         """What this principal is told the gateway offers (resources etc. only where it may see some)."""
         return {
             **SERVER_CAPABILITIES,
-            **surface_capabilities(self._fleet, self._snapshot(), principal),
+            **self._capabilities.capabilities_for(self._fleet, self._snapshot(), principal),
         }
 
     async def dispatch(
@@ -167,7 +170,14 @@ class MethodRouter:
             caller.transport_session.surface_namespaces = surface
             if self._on_surface is not None:
                 self._on_surface(caller.transport_session, surface)
-        return {"tools": [dict(entry.definition) for entry in visible]}
+        return {
+            "tools": [
+                exposed_tool(
+                    entry.definition, entry.namespace, transparent=self._fleet.is_transparent(entry.server)
+                )
+                for entry in visible
+            ]
+        }
 
     async def _set_level(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         level = params.get("level")

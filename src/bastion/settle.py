@@ -29,6 +29,7 @@ import anyio
 from bastion.admission.states import ExecutionState
 from bastion.audit.entry import digest_json
 from bastion.errors import BastionError, UpstreamError, UpstreamProtocolError
+from bastion.tasks.support import is_task_result
 from bastion.upstream.base import UpstreamReplied
 from bastion.wire_value import wire_problem
 
@@ -105,4 +106,7 @@ def _result_problem(result: Any) -> str | None:
         return "not_an_object"
     if "_meta" in result and not isinstance(result["_meta"], dict):
         return "meta_not_an_object"
+    if is_task_result(result):
+        # A task nobody asked for cannot be owned or collected here (tasks/support.py, issue 24).
+        return "unrequested_task"
     return wire_problem(result)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -122,8 +123,10 @@ async def test_delete_terminates_then_404(running_gateway: RunningGateway) -> No
     assert_error(again, 404, -32001, "session_not_found")
 
 
-async def test_protocol_version_must_match_the_negotiated_one(running_gateway: RunningGateway) -> None:
-    """A different and an unsupported version header are 400 (a missing one: tests/e2e/test_wire_2026.py)."""
+async def test_another_supported_version_is_served_at_the_negotiated_one(
+    running_gateway: RunningGateway,
+) -> None:
+    """Another session-era version header is served (the negotiated one governs); an unsupported one: 400."""
     async with running_gateway.raw() as http:
         session_id = await open_session(http, running_gateway.url)
         other = await http.post(
@@ -131,15 +134,43 @@ async def test_protocol_version_must_match_the_negotiated_one(running_gateway: R
             headers=session_headers(session_id, version="2025-11-25"),
             json=rpc("tools/list"),
         )
+        oldest = await http.post(
+            running_gateway.url,
+            headers=session_headers(session_id, version="2025-03-26"),
+            json=rpc("tools/call", {"name": "tools__echo", "arguments": {"text": "old"}}, request_id=2),
+        )
         unsupported = await http.post(
             running_gateway.url,
             headers=session_headers(session_id, version="1999-01-01"),
             json=rpc("tools/list"),
         )
         ok = await http.post(running_gateway.url, headers=session_headers(session_id), json=rpc("tools/list"))
-    assert_error(other, 400, -32600, "protocol_version_mismatch")
+    assert other.status_code == 200, other.text
+    assert any(t["name"] == "tools__echo" for t in other.json()["result"]["tools"])
+    assert oldest.json()["result"]["content"][0]["text"] == "old"
     assert_error(unsupported, 400, -32022, "unsupported_protocol_version")
     assert ok.status_code == 200
+    # The session keeps the version initialize negotiated.
+    (held,) = [s for s in running_gateway.gateway.registry if s.id == session_id]
+    assert held.protocol_version == "2025-06-18"
+
+
+async def test_get_stream_takes_any_supported_version_and_refuses_an_unsupported_one(
+    running_gateway: RunningGateway,
+) -> None:
+    """GET opens the session's stream under another session-era version header; an unsupported one is 400."""
+    async with running_gateway.raw() as http:
+        session_id = await open_session(http, running_gateway.url)
+        get_headers = {**session_headers(session_id, version="2025-03-26"), "accept": "text/event-stream"}
+        with anyio.fail_after(10):
+            async with http.stream("GET", running_gateway.url, headers=get_headers) as response:
+                status = response.status_code
+        refused = await http.get(
+            running_gateway.url,
+            headers={**session_headers(session_id, version="1999-01-01"), "accept": "text/event-stream"},
+        )
+    assert status == 200
+    assert_error(refused, 400, -32022, "unsupported_protocol_version")
 
 
 async def test_initialize_counter_offers_for_an_unknown_version(running_gateway: RunningGateway) -> None:

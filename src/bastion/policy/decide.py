@@ -38,6 +38,7 @@ __all__ = [
     "decide",
     "decide_surface",
     "rate_limited",
+    "server_visible",
     "surface_reachable",
     "surface_visible",
     "visible_tools",
@@ -300,6 +301,17 @@ def surface_visible(
     if not snapshot.grants:
         return True
     return any(_covers(g, kind, server, namespace, name) for g in _for_principal(snapshot.grants, principal))
+
+
+def server_visible(snapshot: Snapshot, principal: Principal, server: str, namespace: str) -> bool:
+    """Whether some grant of this principal names ``server`` (or its namespace), whatever it then
+    allows: the servers whose capabilities and extensions it is told of (issue 24); no grants
+    declared: yes."""
+    if not snapshot.grants:
+        return True
+    return any(
+        server in g.servers or namespace in g.namespaces for g in _for_principal(snapshot.grants, principal)
+    )
 
 
 def surface_reachable(

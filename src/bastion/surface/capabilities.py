@@ -1,21 +1,109 @@
-"""Which of resources, prompts and completions a principal is offered (issue 9).
+"""What a principal is told the gateway offers: the union of its visible servers' own (issues 9, 24).
 
-A capability is advertised (at ``initialize`` and in ``server/discover``) only when some
-upstream that declared it could show this principal something under its grants; a
-client is never told of a surface it cannot use. Pure: reads the fleet's learned
-upstream capabilities and the snapshot.
+Advertised at ``initialize`` and in ``server/discover``. Bastion's own surface is always there
+(``tools``, with ``listChanged``: the merged catalog changes on reload and upstream recovery).
+Everything else is relayed as the upstreams declared it, and only from servers some grant of
+this principal names (all of them when no grants are declared):
+
+* ``resources``, ``prompts``, ``completions`` where such a server could show this principal
+  something under its grants (``surface_reachable``); ``logging`` where such a server logs;
+* ``extensions`` (SEP-2133) that Bastion governs (``GOVERNED_EXTENSIONS``). Any other extension,
+  and ``experimental`` or ``tasks`` declarations, are filtered out with one log line per server
+  and name (``CapabilityRelay``), never passed through unexamined.
+
+Why filtered, not refused at start: an upstream's capabilities are learned from the upstream at
+connect (and again after a reconnect or an upgrade), not declared in the operator's policy, and
+refusing the server would take away its governed tools as well. An extension may add request
+methods (``Extension.methods()``) that the gateway would not route, authorize or audit: one the
+gateway has not been taught stays unannounced, so a client never relies on it.
+
+Reads the fleet's learned upstream capabilities and the snapshot; it never calls an upstream.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
 
 from bastion.auth.principal import Principal
-from bastion.policy.decide import SurfaceKind, surface_reachable
+from bastion.policy.decide import SurfaceKind, server_visible, surface_reachable
 from bastion.policy.snapshot import Snapshot
 from bastion.upstream.fleet import UpstreamFleet
 
-__all__ = ["surface_capabilities"]
+__all__ = ["GOVERNED_EXTENSIONS", "CapabilityRelay", "surface_capabilities"]
+
+logger = logging.getLogger(__name__)
+
+# Extension id -> why the gateway governs all of its traffic.
+GOVERNED_EXTENSIONS: Final[Mapping[str, str]] = {
+    # MCP Apps: a tool's _meta.ui.resourceUri names a ui:// resource, read with resources/read
+    # under the principal's resource grants; the extension adds no request method.
+    "io.modelcontextprotocol/ui": "tools and ui:// resources, under tool and resource grants",
+}
+# Declarations no grant governs yet: relayed never, reported once.
+_UNGOVERNED_KEYS: Final[tuple[str, ...]] = ("experimental", "tasks")
+
+
+class CapabilityRelay:
+    """One gateway's view of what to relay; remembers which filtered declarations it has reported.
+
+    Per gateway (two gateways share a process in tests), so each reports on its own.
+    """
+
+    def __init__(self) -> None:
+        self._reported: set[tuple[str, str]] = set()
+
+    def capabilities_for(
+        self, fleet: UpstreamFleet, snapshot: Snapshot, principal: Principal
+    ) -> dict[str, Any]:
+        """The relayed entries (everything but Bastion's own ``tools``) for this principal."""
+        offered = surface_capabilities(fleet, snapshot, principal)
+        extensions: dict[str, dict[str, Any]] = {}
+        logs = False
+        for server, upstream in fleet.upstreams.items():
+            if not server_visible(snapshot, principal, server, upstream.namespace):
+                continue
+            declared = getattr(upstream, "server_capabilities", None)
+            if not isinstance(declared, dict):
+                continue
+            logs = logs or "logging" in declared
+            for key in _UNGOVERNED_KEYS:
+                if key in declared:
+                    self._report(server, key, "a capability the gateway does not govern")
+            discovered = getattr(upstream, "discovered_capabilities", None)
+            both = {**_declared_extensions(discovered), **_declared_extensions(declared)}
+            for name, settings in both.items():
+                if name not in GOVERNED_EXTENSIONS:
+                    self._report(server, name, "an extension the gateway does not govern")
+                elif name not in extensions:
+                    extensions[name] = settings
+                elif extensions[name] != settings:
+                    self._report(server, name, "settings that differ from another server's (the first kept)")
+        if logs:
+            offered["logging"] = {}
+        if extensions:
+            offered["extensions"] = extensions
+        return offered
+
+    def _report(self, server: str, name: str, what: str) -> None:
+        if (server, name) in self._reported:
+            return
+        self._reported.add((server, name))
+        logger.warning(
+            "upstream %s declares %s, %s: not relayed to clients",
+            server,
+            name,
+            what,
+            extra={"server": server, "declaration": name},
+        )
+
+
+def _declared_extensions(declared: object) -> dict[str, dict[str, Any]]:
+    extensions = declared.get("extensions") if isinstance(declared, dict) else None
+    if not isinstance(extensions, dict):
+        return {}
+    return {name: dict(settings) for name, settings in extensions.items() if isinstance(settings, dict)}
 
 
 def surface_capabilities(fleet: UpstreamFleet, snapshot: Snapshot, principal: Principal) -> dict[str, Any]:

@@ -1,8 +1,14 @@
-"""The gateway's list cursor: which upstream to ask next, and that upstream's own cursor (issue 9).
+"""The gateway's list pages: the cursor (issue 9) and the page's server metadata (issue 24).
 
-Opaque to clients: base64url of ``[server, upstream cursor or null]``. A cursor the
-gateway did not make (or that names a server no longer configured) is ``InvalidParams``,
+The cursor is opaque to clients: base64url of ``[server, upstream cursor or null]``. A cursor
+the gateway did not make (or that names a server no longer configured) is ``InvalidParams``,
 as the spec asks for an invalid cursor. It grants nothing: every page is filtered again.
+
+A page's ``_meta`` is the upstream's, kept where it can be attributed and tells nothing hidden:
+the gateway page is drawn from exactly one upstream page, none of whose items the caller's
+grants hid. The protocol's own keys (``io.modelcontextprotocol/``, such as the 2026 wire's
+``serverInfo``) and the gateway's own (``io.bastion/``) are never relayed: on this side the
+gateway is the server.
 """
 
 from __future__ import annotations
@@ -10,11 +16,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from bastion.errors import InvalidParams
 
-__all__ = ["decode_cursor", "encode_cursor"]
+__all__ = ["decode_cursor", "encode_cursor", "server_meta", "with_page_meta"]
+
+# The protocol's keys, and the gateway's own (a receipt an upstream wrote would be forged).
+_NOT_RELAYED_META_PREFIXES = ("io.modelcontextprotocol/", "io.bastion/")
 
 
 def encode_cursor(server: str, upstream_cursor: str | None) -> str:
@@ -42,3 +52,18 @@ def decode_cursor(cursor: object, servers: Collection[str]) -> tuple[str, str | 
     ):
         raise InvalidParams("Invalid params: unknown cursor")
     return decoded[0], decoded[1]
+
+
+def server_meta(result: dict[str, Any]) -> dict[str, Any]:
+    """The server's own ``_meta`` keys of one upstream list result (empty when it has none)."""
+    meta = result.get("_meta")
+    if not isinstance(meta, dict):
+        return {}
+    return {k: v for k, v in meta.items() if not k.startswith(_NOT_RELAYED_META_PREFIXES)}
+
+
+def with_page_meta(page: dict[str, Any], drawn: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+    """``page`` with the ``_meta`` of the one upstream page it was drawn from (``None``: not keepable)."""
+    if len(drawn) == 1 and drawn[0]:
+        return {**page, "_meta": drawn[0]}
+    return page

@@ -25,7 +25,7 @@ from bastion.errors import InvalidParams, UpstreamError
 from bastion.policy.decide import SurfaceKind, surface_visible
 from bastion.policy.snapshot import Snapshot
 from bastion.surface.limits import SurfaceLimits
-from bastion.surface.pages import decode_cursor, encode_cursor
+from bastion.surface.pages import decode_cursor, encode_cursor, server_meta, with_page_meta
 from bastion.surface.relay import AccessRecord, decide_resource, send_in_rounds, upstream_context
 from bastion.surface.uris import expose_uri
 from bastion.upstream.base import UpstreamReplied
@@ -76,6 +76,7 @@ class ResourcePath:
         if params.get("cursor") is not None:
             start, upstream_cursor = decode_cursor(params["cursor"], servers)
         items: list[dict[str, Any]] = []
+        drawn: list[dict[str, Any] | None] = []  # per upstream page drawn: its _meta, if it may be kept
         for server in servers[servers.index(start) :] if servers else []:
             upstream = self._fleet.upstreams[server]
             request = {"cursor": upstream_cursor} if upstream_cursor else {}
@@ -87,21 +88,25 @@ class ResourcePath:
                 logger.warning("%s of upstream %s failed: %s", method, server, exc)
                 continue
             transparent = self._fleet.is_transparent(server)
+            hidden = False
             for item in result.get(key) or []:
                 original = item.get(uri_field) if isinstance(item, dict) else None
                 if not isinstance(original, str):
+                    hidden = True
                     continue
                 exposed = expose_uri(upstream.namespace, original, transparent=transparent)
                 # (4) Only what this caller's grants cover is listed.
                 if exposed is None or not surface_visible(
                     snapshot, caller.principal, SurfaceKind.RESOURCE, server, upstream.namespace, original
                 ):
+                    hidden = True
                     continue
                 items.append({**item, uri_field: exposed})
+            drawn.append(None if hidden else server_meta(result))
             next_cursor = result.get("nextCursor")
             if isinstance(next_cursor, str) and next_cursor:
-                return {key: items, "nextCursor": encode_cursor(server, next_cursor)}
-        return {key: items}
+                return with_page_meta({key: items, "nextCursor": encode_cursor(server, next_cursor)}, drawn)
+        return with_page_meta({key: items}, drawn)
 
     async def read(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         """Read one resource.

@@ -10,8 +10,8 @@ Order of checks for every request, first failure wins, each a typed error:
    session-era revision, or none, is the session era: ``initialize`` opens a
    transport session; anything else needs ``Mcp-Session-Id`` (400) naming a live
    session of this agent (404, the same for unknown, expired, terminated and
-   foreign), and a version header, when present, equal to the negotiated one
-   (400; absent means the negotiated one). Any other revision is served alone
+   foreign), and a version header, when present, a supported session-era
+   revision (absent or another one means the negotiated one governs). Any other revision is served alone
    after the per-request ladder: header and ``_meta`` agree (400), the revision
    is supported (-32022 with the request's id and ``server/discover``'s list).
    GET resumes or opens a session's event stream (``transport/resume.py``).
@@ -45,7 +45,6 @@ from bastion.errors import (
     MethodNotAllowed,
     NotAcceptable,
     NotDurable,
-    ProtocolVersionMismatch,
     RequestRejected,
     SessionIdMissing,
     SessionNotFound,
@@ -255,10 +254,10 @@ class FrontDoor:
             await self._initialize(send, message, principal)
             return
         transport_session = await self._session_for(headers, principal)
-        # A missing header means the negotiated version (2025-11-25 transports: the server relies on
-        # what initialize negotiated); a different one is refused.
-        if version_header is not None and version_header != transport_session.protocol_version:
-            raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
+        # A missing header, or another session-era revision, is served at the negotiated version
+        # (DESIGN section 2 step 1, as the reference servers accept it: 0.1.16
+        # server-sse-multiple-streams sends 2025-03-26 on a 2025-11-25 session). An unsupported one
+        # never reaches here: it took the per-request ladder above and was answered 400.
         if isinstance(message, Notification):
             await self._on_notification(transport_session, message)
             await accepted(send)
@@ -515,6 +514,7 @@ class FrontDoor:
         if "text/event-stream" not in headers.get("accept", ""):
             raise NotAcceptable("Not Acceptable: the GET stream needs Accept: text/event-stream")
         version_header = headers.get("mcp-protocol-version")
-        if version_header is not None and version_header != transport_session.protocol_version:
-            raise ProtocolVersionMismatch(negotiated=transport_session.protocol_version)
+        if version_header is not None and version_header not in HANDSHAKE_VERSIONS:
+            # A supported session-era revision is accepted, the negotiated one governs (as on POST).
+            raise UnsupportedProtocolVersion(supported=list(SUPPORTED_VERSIONS), requested=version_header)
         await serve_event_stream(receive, send, transport_session, headers.get("last-event-id"))

@@ -153,6 +153,9 @@ class HttpUpstream:
         self.on_transport_error: Callable[[], None] | None = None
         # What the upstream offers (resources, prompts, completions: issue 9), learned at negotiation.
         self.server_capabilities: dict[str, Any] = {}
+        # What server/discover declared, kept past a switch to the session era: a dual-era server
+        # may declare its extensions there only (the SDK's do; issue 24, surface/capabilities.py).
+        self.discovered_capabilities: dict[str, Any] = {}
         # Set by the fleet: prompts/resources list_changed from this upstream (issue 9).
         self.on_surface_changed: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
         # Set by the gateway (surface/subscriptions.py): resources/updated from this upstream.
@@ -212,6 +215,7 @@ class HttpUpstream:
     def _learn_capabilities(self, result: dict[str, Any]) -> None:
         capabilities = result.get("capabilities")
         self.server_capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
+        self.discovered_capabilities = dict(self.server_capabilities)
 
     async def _become_session_era(self) -> None:
         self._catalog = await self._open_session({})
