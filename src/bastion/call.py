@@ -10,7 +10,10 @@ Order of the durable writes, for a call with an execution id (DESIGN section 3):
 [reserve (atomic, with binding), mark ``invoking``, audit ``admitted`` and
 ``invoking``] in one transaction → send → [record the terminal state, audit
 it] in one transaction → answer. To an upstream that is not connected:
-reserve alone (a replay is still classified), then release.
+reserve alone (a replay is still classified), then release. Without an
+execution id: audit ``admitted`` → send → audit the outcome → answer, for a
+tool that is not ``readOnlyHint``; a read-only one writes both after the send.
+Every entry's ``ts`` is the time of its event, not of its write.
 A write that cannot be made durable stops the call there, fail closed: the
 execution stays non-terminal (hence refused), the store is marked degraded,
 and the audit entry owed is written once storage returns.
@@ -34,6 +37,7 @@ from bastion.admission.envelope import CmcpEnvelope, read_envelope
 from bastion.admission.states import ExecutionState
 from bastion.audit.earlier import name_earlier_attempt
 from bastion.audit.entry import AuditEntry, AuditEvent, Decision
+from bastion.audit.recorder import EVENT_AT
 from bastion.audit.scope import EvidenceScope
 from bastion.caller import Caller
 from bastion.errors import (
@@ -295,14 +299,14 @@ class ToolCallPath:
         if execution_id is not None and continuation is None and not upstream.health().connected:
             # Classified first (a replay stays a replay), then released: nothing can be sent.
             await self._admit(caller, attempt, scope, execution_id, step=None)
-            self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
+            self._queue(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
             await self._release(caller, attempt, scope)
             raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
-        self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
+        self._queue(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
         if execution_id is not None and continuation is None:
             # The reservation, the durable "invoking" mark and the audit entries that say so: one
             # transaction (store/base.py ExecutionStep), durable before the send.
-            self._queue(attempt, AuditEvent.INVOKING)
+            self._queue(scope, attempt, AuditEvent.INVOKING)
             step = ExecutionStep(
                 caller.agent,
                 execution_id,
@@ -315,9 +319,16 @@ class ToolCallPath:
             # instead, inside send_and_settle, which records it as outcome_unknown.
             with anyio.CancelScope(shield=True):
                 await self._admit(caller, attempt, scope, execution_id, step=step)
+        elif execution_id is None and not entry.read_only:
+            # Without an execution id there is no state to move, but a tool that may act has its
+            # admitted entry durable before the send (group-committed with other writes), so a
+            # crash leaves the call visible and recovery closes it outcome_unknown
+            # (workers/recovery.py). Shielded like the mark above.
+            with anyio.CancelScope(shield=True):
+                await self._record_pending(scope, attempt)
 
-        # Without an execution id there is no state to move: the admitted entry is written with
-        # the outcome, durably, before the answer (DESIGN section 2 step 8).
+        # A read-only call's admitted entry is written with its outcome, durably, before the
+        # answer (DESIGN section 2 step 8), stamped with the time it was admitted.
         async def send() -> dict[str, Any]:
             ctx = CallContext(
                 relay=caller.relay,
@@ -493,17 +504,27 @@ class ToolCallPath:
             self._attachments.surface_listed(ref, listed, owner=owner)
         self._attachments.check(ref, required, tool_read_only=False)
 
-    def _queue(self, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
-        """Queue an entry of this attempt; the next :meth:`_record` writes it first, in order."""
-        attempt.pending.append((event, {**attempt.fields(), **extra}))
+    def _queue(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
+        """Queue an entry of this attempt; the next :meth:`_record` writes it first, in order.
 
-    async def _record_pending(
-        self, scope: EvidenceScope, attempt: _Attempt, *, step: ExecutionStep | None = None
-    ) -> None:
-        """Write the queued entries now, durably, with ``step`` if given: something irreversible
-        follows (raises ``NotDurable``)."""
-        # One more entry of this call follows (its outcome or refusal): it stays in this chain.
-        await self._write_batch(scope, attempt, [], durable=True, then=1, step=step)
+        Stamped now, the time of its event, whenever it is written (``recorder.EVENT_AT``).
+        """
+        attempt.pending.append((event, {**attempt.fields(), EVENT_AT: scope.now(), **extra}))
+
+    async def _record_pending(self, scope: EvidenceScope, attempt: _Attempt) -> None:
+        """Write the queued entries now, durably: the send follows (raises ``NotDurable``, and
+        then nothing was sent: the entries and the refusal are owed to the audit)."""
+        batch, attempt.pending = attempt.pending, []
+        try:
+            # One more entry of this call follows (its outcome): it stays in this chain.
+            entries = await scope.record_many(batch, durable=True, then=1)
+        except StaleEpoch:
+            raise  # superseded, not a storage failure: nothing is owed under a stale epoch
+        except StoreError as exc:
+            self._health.failed(exc, owed=scope.owe([*batch, self._refusal(attempt, exc)]))
+            raise NotDurable("The admitted entry could not be made durable; the call was not sent") from exc
+        if entries:
+            attempt.last = entries[-1]
 
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         """Write the queued entries and this one in one go (raises ``NotDurable``).

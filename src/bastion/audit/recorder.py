@@ -54,7 +54,12 @@ from bastion.ids import AgentId, EvidenceSessionId, new_evidence_session_id
 from bastion.store.base import ExecutionStep, Store
 from bastion.workers.membership import WorkerMembership
 
-__all__ = ["MIN_MAX_ENTRIES", "Attestor", "EvidenceRecorder", "EvidenceSession"]
+__all__ = ["EVENT_AT", "MIN_MAX_ENTRIES", "Attestor", "EvidenceRecorder", "EvidenceSession"]
+
+#: The key of a batch entry's fields that carries the time of its event (a ``datetime``), when it
+#: was queued before its write (``call.py``): the entry's ``ts`` is that time (DESIGN section 4).
+#: Without it an entry is stamped when its write is reserved.
+EVENT_AT = "at"
 
 #: genesis + attestation + the most one call writes (admitted, invoking, outcome) + close.
 MIN_MAX_ENTRIES = 6
@@ -429,6 +434,10 @@ def _builder(
     epoch: int | None,
     fields: dict[str, Any],
 ) -> Callable[[int, str], AuditEntry]:
+    if EVENT_AT in fields:
+        at = fields[EVENT_AT]
+        fields = {k: v for k, v in fields.items() if k != EVENT_AT}
+
     def build(seq: int, prev: str) -> AuditEntry:
         return _entry(seq, prev, session_id, agent, event, at, worker=worker, epoch=epoch, **fields)
 
