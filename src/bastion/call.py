@@ -39,6 +39,7 @@ from bastion.audit.earlier import name_earlier_attempt
 from bastion.audit.entry import AuditEntry, AuditEvent, Decision
 from bastion.audit.recorder import EVENT_AT
 from bastion.audit.scope import EvidenceScope
+from bastion.call_telemetry import CallTelemetry, outcome_of_error
 from bastion.caller import Caller
 from bastion.errors import (
     BastionError,
@@ -57,6 +58,7 @@ from bastion.errors import (
     UpstreamUnavailable,
 )
 from bastion.ids import CallId, Epoch, ExecutionId, WorkerId, new_call_id
+from bastion.metrics import UNKNOWN_TOOL
 from bastion.param_headers import check_param_headers
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.grants import Rate
@@ -107,6 +109,12 @@ class _Attempt:
     pending: list[tuple[AuditEvent, dict[str, Any]]] = field(default_factory=list)
     charged: tuple[tuple[str, Rate], ...] = ()  # rate-limit tokens taken, until the call is sent
     sent: bool = False
+    # For telemetry (call_telemetry.py): the outcome recorded (a terminal state or
+    # input_required) and its reason, the reason of a refusal as audited, the upstream's time.
+    outcome: str | None = None
+    outcome_reason: str | None = None
+    refusal_reason: str | None = None
+    upstream_s: float | None = None
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -137,7 +145,9 @@ class ToolCallPath:
         monotonic: Callable[[], float] = time.monotonic,
         shared_limits: StoreRateLimiter | None = None,
         on_late_write: Callable[[LateWrite], Awaitable[object]] | None = None,
+        telemetry: CallTelemetry | None = None,
     ) -> None:
+        self._telemetry = telemetry
         self._on_late_write = on_late_write
         self._attachments = attachments
         self._limiter = limiter
@@ -165,6 +175,58 @@ class ToolCallPath:
         """
         snapshot = self._snapshot()  # one snapshot decides the whole call
         attempt = _Attempt(call_id=new_call_id(), policy_version=snapshot.version)
+        telemetry = self._telemetry
+        if telemetry is None:
+            return await self._governed(caller, params, snapshot, attempt)
+        in_flight = telemetry.metrics.in_flight_of("tools/call")
+        in_flight.inc()
+        started = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            return await self._governed(caller, params, snapshot, attempt)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            in_flight.dec()
+            self._report(telemetry, caller, attempt, time.perf_counter() - started, error)
+
+    def _report(
+        self,
+        telemetry: CallTelemetry,
+        caller: Caller,
+        attempt: _Attempt,
+        total_s: float,
+        error: BaseException | None,
+    ) -> None:
+        """The call's metrics and access line (call_telemetry.py): never raises into the call."""
+        if attempt.outcome is not None:
+            outcome, reason = attempt.outcome, attempt.outcome_reason or ""
+        else:
+            outcome, reason = outcome_of_error(error)
+            if attempt.refusal_reason is not None:
+                reason = attempt.refusal_reason  # as audited (grant_denied is answered unknown_tool)
+        entry, last = attempt.entry, attempt.last
+        try:
+            telemetry.tool_call(
+                str(caller.agent),
+                server=entry.server if entry else "",
+                tool=entry.upstream_name if entry else UNKNOWN_TOOL,
+                outcome=outcome,
+                reason=reason,
+                total_s=total_s,
+                upstream_s=attempt.upstream_s,
+                call_id=attempt.call_id,
+                execution_id=attempt.envelope.execution_id,
+                evidence_session_id=last.session_id if last else None,
+                seq=last.seq if last else None,
+            )
+        except Exception:
+            logger.exception("call telemetry failed")
+
+    async def _governed(
+        self, caller: Caller, params: dict[str, Any], snapshot: Snapshot, attempt: _Attempt
+    ) -> dict[str, Any]:
         scope = caller.evidence
         try:
             return await self._run_charged(caller, params, snapshot, attempt, scope)
@@ -342,7 +404,11 @@ class ToolCallPath:
                 client_answers_requests=caller.transport_session is not None,
                 owner=caller.agent,
             )
-            return await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
+            sent_at = time.perf_counter()
+            try:
+                return await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
+            finally:
+                attempt.upstream_s = time.perf_counter() - sent_at
 
         async def finish(
             state: ExecutionState, *, reason: str | None, result_digest: str | None = None
@@ -355,6 +421,7 @@ class ToolCallPath:
                 self._continuations.expect(
                     caller.agent, execution_id, attempt.binding, result.get("requestState")
                 )
+            attempt.outcome, attempt.outcome_reason = "input_required", "input_required"
             await self._record(scope, attempt, AuditEvent.INPUT_REQUIRED, reason="input_required")
 
         # (8) Outcome: from here every way out (result, error, cancellation, garbage) records a
@@ -434,6 +501,7 @@ class ToolCallPath:
         reason: str | None,
         result_digest: str | None = None,
     ) -> None:
+        attempt.outcome, attempt.outcome_reason = state.value, reason
         execution_id = attempt.envelope.execution_id
         detail = {"result_digest": result_digest} if result_digest else None
         outcome = (
@@ -567,6 +635,7 @@ class ToolCallPath:
         detail: dict[str, Any] | None = None,
     ) -> None:
         exc.data["audited"] = True
+        attempt.refusal_reason = exc.reason.value
         with contextlib.suppress(NotDurable):  # owed to the audit; the refusal itself stands
             await self._record(
                 scope,

@@ -46,10 +46,12 @@ from bastion.auth.principal import Principal
 from bastion.auth.roles import check_store_roles
 from bastion.background import BackgroundTasks
 from bastion.call import ToolCallPath
+from bastion.call_telemetry import CallTelemetry
 from bastion.crypto.keys import Keyring
 from bastion.errors import AgentSessionRevoked, BastionError, ConfigError, StoreError, WorkerSuperseded
 from bastion.ids import AgentId, WorkerId
 from bastion.methods import MethodRouter
+from bastion.metrics import CallMetrics
 from bastion.policy.decide import RateLimiter, SurfaceKind, surface_reachable, visible_tools
 from bastion.policy.digest import snapshot_digest
 from bastion.policy.load import load_snapshot
@@ -147,6 +149,8 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = SnapshotHolder(snapshot, registry=metrics)
+        # Per-call metrics and access lines (issue #25), on this gateway's own registry.
+        self.telemetry = CallTelemetry(CallMetrics(metrics), lambda: self.policy.current.gateway)
         self._policy_in_force: tuple[Snapshot, PolicyInForce] | None = None
         self.options = options
         self._static_auth = (snapshot.version, StaticBearerAuth(snapshot))
@@ -337,11 +341,13 @@ class Gateway:
             attachments=self.attachments,
             shared_limits=StoreRateLimiter(store, lambda: datetime.now(UTC)),
             on_late_write=self._record_late_write,
+            telemetry=self.telemetry,
         )
         self.router = MethodRouter(
             self.fleet,
             self.call_path,
             self.snapshot,
+            telemetry=self.telemetry,
             on_surface=self._surface_listed,
             listeners=self.listeners,
         )

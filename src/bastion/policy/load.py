@@ -96,6 +96,8 @@ _GATEWAY_KEYS = frozenset(
         "body_timeout_s",
         "keep_alive_s",
         "max_connections_per_address",
+        "metrics_agents",
+        "access_log",
     }
 )
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
@@ -317,9 +319,12 @@ def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
         "max_header_bytes",
         "max_headers",
         "max_connections_per_address",
+        "metrics_agents",
     ):
         if key in table:
             kwargs[key] = ctx.integer(table[key], f"gateway.{key}")
+    if "access_log" in table:
+        kwargs["access_log"] = ctx.boolean(table["access_log"], "gateway.access_log")
     for key in (
         "transport_session_idle_s",
         "upstream_timeout_s",
