@@ -30,6 +30,7 @@ from typing import Any
 
 import anyio
 from mcp_types import LOG_LEVEL_META_KEY
+from opentelemetry.trace import Span
 
 from bastion.admission.binding import bind_call
 from bastion.admission.continuation import InputContinuations
@@ -68,6 +69,8 @@ from bastion.settle import send_and_settle
 from bastion.store.base import ExecutionStep, Store
 from bastion.store.health import StoreHealth
 from bastion.surface.limits import SurfaceLimits
+from bastion.tracing import NO_SPAN as _NO_SPAN
+from bastion.tracing import child_span, inject_meta, set_outcome
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
 from bastion.workers.attachment import AttachmentTracker, sessionless_ref, transport_session_ref
@@ -148,6 +151,7 @@ class ToolCallPath:
         telemetry: CallTelemetry | None = None,
     ) -> None:
         self._telemetry = telemetry
+        self._tracing = telemetry.tracing if telemetry is not None else None
         self._on_late_write = on_late_write
         self._attachments = attachments
         self._limiter = limiter
@@ -182,14 +186,19 @@ class ToolCallPath:
         in_flight.inc()
         started = time.perf_counter()
         error: BaseException | None = None
-        try:
-            return await self._governed(caller, params, snapshot, attempt)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            in_flight.dec()
-            self._report(telemetry, caller, attempt, time.perf_counter() - started, error)
+        with (
+            telemetry.tracing.call_span("tools/call", params.get("_meta"), {"mcp.method.name": "tools/call"})
+            if telemetry.tracing is not None
+            else _NO_SPAN
+        ) as span:
+            try:
+                return await self._governed(caller, params, snapshot, attempt)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                in_flight.dec()
+                self._report(telemetry, caller, attempt, time.perf_counter() - started, error, span)
 
     def _report(
         self,
@@ -198,8 +207,10 @@ class ToolCallPath:
         attempt: _Attempt,
         total_s: float,
         error: BaseException | None,
+        span: Span | None = None,
     ) -> None:
-        """The call's metrics and access line (call_telemetry.py): never raises into the call."""
+        """The call's metrics, access line and span attributes (call_telemetry.py, tracing.py):
+        never raises into the call."""
         if attempt.outcome is not None:
             outcome, reason = attempt.outcome, attempt.outcome_reason or ""
         else:
@@ -208,6 +219,8 @@ class ToolCallPath:
                 reason = attempt.refusal_reason  # as audited (grant_denied is answered unknown_tool)
         entry, last = attempt.entry, attempt.last
         try:
+            if span is not None:
+                _describe_span(span, caller, attempt, outcome, reason)
             telemetry.tool_call(
                 str(caller.agent),
                 server=entry.server if entry else "",
@@ -304,17 +317,18 @@ class ToolCallPath:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
         attempt.entry = entry
         try:
-            decision = decide(
-                snapshot,
-                caller.principal,
-                entry.server,
-                entry.namespace,
-                entry.upstream_name,
-                arguments,
-                now=self._monotonic(),
-                limiter=self._limiter if self._shared_limits is None else None,
-                has_execution_id=attempt.envelope.execution_id is not None,
-            )
+            with child_span(self._tracing, "bastion.decision"):
+                decision = decide(
+                    snapshot,
+                    caller.principal,
+                    entry.server,
+                    entry.namespace,
+                    entry.upstream_name,
+                    arguments,
+                    now=self._monotonic(),
+                    limiter=self._limiter if self._shared_limits is None else None,
+                    has_execution_id=attempt.envelope.execution_id is not None,
+                )
         except GrantDenied as exc:
             # A tool hidden by grants is answered as unknown: the caller learns nothing of what it
             # may not see; the audit keeps the truth (grant_denied, server, tool). Issue #12.
@@ -379,14 +393,14 @@ class ToolCallPath:
             # Shielded: a cancellation that lands while the mark commits would otherwise leave a
             # durable "invoking" row that no outcome follows. Cancellation is taken at the send
             # instead, inside send_and_settle, which records it as outcome_unknown.
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True), child_span(self._tracing, "bastion.admission"):
                 await self._admit(caller, attempt, scope, execution_id, step=step)
         elif execution_id is None and not entry.read_only:
             # Without an execution id there is no state to move, but a tool that may act has its
             # admitted entry durable before the send (group-committed with other writes), so a
             # crash leaves the call visible and recovery closes it outcome_unknown
             # (workers/recovery.py). Shielded like the mark above.
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True), child_span(self._tracing, "bastion.admission"):
                 await self._record_pending(scope, attempt)
 
         # A read-only call's admitted entry is written with its outcome, durably, before the
@@ -404,16 +418,22 @@ class ToolCallPath:
                 client_answers_requests=caller.transport_session is not None,
                 owner=caller.agent,
             )
+            upstream_params = self._upstream_params(entry, params, arguments)
             sent_at = time.perf_counter()
             try:
-                return await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
+                if self._tracing is None:
+                    return await upstream.call("tools/call", upstream_params, ctx)
+                with self._tracing.child("bastion.upstream"):
+                    # The gateway's span context goes upstream (the HTTP upstream's headers too).
+                    return await upstream.call("tools/call", inject_meta(upstream_params), ctx)
             finally:
                 attempt.upstream_s = time.perf_counter() - sent_at
 
         async def finish(
             state: ExecutionState, *, reason: str | None, result_digest: str | None = None
         ) -> None:
-            await self._finish(caller, attempt, scope, state, reason=reason, result_digest=result_digest)
+            with child_span(self._tracing, "bastion.outcome"):
+                await self._finish(caller, attempt, scope, state, reason=reason, result_digest=result_digest)
 
         async def await_input(result: dict[str, Any]) -> None:
             # Not an outcome: the client is asked for input and comes back with the same call.
@@ -714,6 +734,26 @@ class ToolCallPath:
         out["name"] = entry.upstream_name
         out["arguments"] = arguments
         return out
+
+
+def _describe_span(span: Span, caller: Caller, attempt: _Attempt, outcome: str, reason: str) -> None:
+    """A call's span attributes (OTel semantic conventions for MCP where they exist): names and
+    ids only, never an argument, a result or a credential."""
+    entry, last = attempt.entry, attempt.last
+    tool = entry.exposed_name if entry else UNKNOWN_TOOL
+    span.update_name(f"tools/call {tool}")
+    span.set_attribute("gen_ai.operation.name", "execute_tool")
+    span.set_attribute("gen_ai.tool.name", tool)
+    span.set_attribute("bastion.agent", str(caller.agent))
+    span.set_attribute("bastion.call_id", attempt.call_id)
+    if entry is not None:
+        span.set_attribute("bastion.server", entry.server)
+    if attempt.envelope.execution_id is not None:
+        span.set_attribute("bastion.execution_id", attempt.envelope.execution_id)
+    if last is not None:
+        span.set_attribute("bastion.evidence_session_id", last.session_id)
+        span.set_attribute("bastion.evidence_seq", last.seq)
+    set_outcome(span, outcome, reason)
 
 
 def _with_receipt_meta(exc: UpstreamReplied, receipt: dict[str, Any]) -> UpstreamReplied:

@@ -13,6 +13,7 @@ seq of the call's last entry. Never an argument, a result or a credential.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,6 +23,7 @@ import anyio
 from bastion.errors import BastionError
 from bastion.metrics import CallMetrics
 from bastion.policy.snapshot import GatewaySettings
+from bastion.tracing import Tracing, set_outcome, trace_id_of_current
 
 __all__ = ["ACCESS_LOGGER", "CallTelemetry", "outcome_of_error"]
 
@@ -43,9 +45,16 @@ def outcome_of_error(error: BaseException | None) -> tuple[str, str]:
 
 
 class CallTelemetry:
-    def __init__(self, metrics: CallMetrics, settings: Callable[[], GatewaySettings]) -> None:
+    def __init__(
+        self,
+        metrics: CallMetrics,
+        settings: Callable[[], GatewaySettings],
+        *,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.metrics = metrics
         self._settings = settings
+        self.tracing = tracing
 
     def tool_call(
         self,
@@ -64,7 +73,9 @@ class CallTelemetry:
     ) -> None:
         settings = self._settings()
         label = self.metrics.agents.label(agent, settings.metrics_agents)
-        self.metrics.observe_call(server, tool, label, outcome, reason, total_s, upstream_s)
+        trace_id = trace_id_of_current() if self.tracing is not None else None
+        exemplar = {"trace_id": trace_id} if trace_id is not None else None
+        self.metrics.observe_call(server, tool, label, outcome, reason, total_s, upstream_s, exemplar)
         if settings.access_log and access_logger.isEnabledFor(logging.INFO):
             access_logger.info(
                 "tools/call",
@@ -81,7 +92,7 @@ class CallTelemetry:
                     "execution_id": execution_id,
                     "evidence_session_id": evidence_session_id,
                     "seq": seq,
-                    "trace_id": None,
+                    "trace_id": trace_id,
                 },
             )
 
@@ -94,7 +105,14 @@ class CallTelemetry:
         started = time.perf_counter()
         error: BaseException | None = None
         try:
-            return await run()
+            if self.tracing is None:
+                return await run()
+            with self.tracing.call_span(method, None, {"mcp.method.name": method}) as span:
+                try:
+                    return await run()
+                finally:
+                    outcome, reason = outcome_of_error(sys.exc_info()[1])
+                    set_outcome(span, outcome, reason)
         except BaseException as exc:
             error = exc
             raise

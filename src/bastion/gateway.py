@@ -75,6 +75,7 @@ from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
 from bastion.store.replicas import ChangeKind
 from bastion.store.select import open_store
+from bastion.tracing import Tracing
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.workers.attachment import (
@@ -150,7 +151,10 @@ class Gateway:
     ) -> None:
         self.policy = SnapshotHolder(snapshot, registry=metrics)
         # Per-call metrics and access lines (issue #25), on this gateway's own registry.
-        self.telemetry = CallTelemetry(CallMetrics(metrics), lambda: self.policy.current.gateway)
+        self.tracing = Tracing.from_environment()  # off unless OTEL_* configures an exporter
+        self.telemetry = CallTelemetry(
+            CallMetrics(metrics), lambda: self.policy.current.gateway, tracing=self.tracing
+        )
         self._policy_in_force: tuple[Snapshot, PolicyInForce] | None = None
         self.options = options
         self._static_auth = (snapshot.version, StaticBearerAuth(snapshot))
@@ -484,6 +488,8 @@ class Gateway:
                 await self._oauth_http.aclose()
             if self.store is not None:
                 await self.store.aclose()
+            if self.tracing is not None:
+                await anyio.to_thread.run_sync(self.tracing.shutdown)  # the spans still batched
 
     def serving(self) -> None:
         """Raises while this worker must not answer (superseded by a newer epoch)."""

@@ -157,6 +157,7 @@ class CallMetrics:
         reason: str,
         total_s: float,
         upstream_s: float | None,
+        exemplar: dict[str, str] | None = None,
     ) -> None:
         key = (server, tool, agent, outcome, reason)
         children = self._children.get(key)
@@ -167,8 +168,8 @@ class CallMetrics:
                 self.upstream_seconds.labels(server, tool),
             )
         calls, whole, upstream = children
-        calls.inc()
-        whole.observe(total_s)
+        calls.inc(exemplar=exemplar)
+        whole.observe(total_s, exemplar)
         if upstream_s is not None:
             upstream.observe(upstream_s)
         if outcome == "refused":
