@@ -8,12 +8,15 @@ its stderr is read as JSON lines. Counts are exact: the traffic is known.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bastion.auth.bearer import hash_token
@@ -25,9 +28,21 @@ from tests.e2e.test_workers_e2e import HoldingUpstream, holding_upstream
 
 pytestmark = pytest.mark.anyio
 
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "observability"
+
 __all__ = ["holding_upstream"]  # the fixture, used by name
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def deployed_expressions() -> list[str]:
+    """Every PromQL expression of the shipped alert rules and Grafana dashboard."""
+    rules = yaml.safe_load((DEPLOY / "bastion-alerts.yml").read_text())
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    dashboard = json.loads((DEPLOY / "bastion-dashboard.json").read_text())
+    exprs += [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    exprs += [variable["query"] for variable in dashboard["templating"]["list"]]
+    return exprs
 
 
 def write_config(path: Path, upstream_url: str, gateway: str) -> Path:
@@ -134,6 +149,12 @@ async def test_metrics_count_every_governed_call_by_outcome_and_the_access_log_h
     assert value(samples, "bastion_requests_in_flight", method="tools/call") == 0
     assert value(samples, "bastion_upstream_up", server="work") == 1
     assert value(samples, "bastion_store_degraded") == 0
+
+    # deploy/observability: every metric its alerts and dashboard use is in this real output.
+    names = {name for name, _ in samples}
+    used = {name for expr in deployed_expressions() for name in re.findall(r"\bbastion_[a-z_]+\b", expr)}
+    assert len(used) >= 10
+    assert used <= names, sorted(used - names)
 
     raw = log.read_bytes()
     assert b"\x1b[" not in raw  # no ANSI colour codes in JSON lines
