@@ -302,6 +302,7 @@ class Gateway:
             policy=self.policy_in_force,
             max_entries=options.evidence_max_entries,
             max_age_s=options.evidence_max_age_s,
+            observe_write=self.telemetry.metrics.store_write_seconds.observe,
         )
         self.shared_evidence = SharedEvidence(
             EvidenceRecorder(
@@ -313,6 +314,7 @@ class Gateway:
                 policy=self.policy_in_force,
                 max_entries=options.evidence_max_entries,
                 max_age_s=math.inf,  # the age bound is SharedEvidence's: nobody waits to rotate
+                observe_write=self.telemetry.metrics.store_write_seconds.observe,
             ),
             max_age_s=options.sessionless_evidence_max_age_s,
             policy_version=lambda: self.policy.current.version,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ class GatewayMetrics:
         )
         degraded.set_function(lambda: 1 if gateway.health.degraded else 0)
         registry.register(_UpstreamUp(gateway))
+        registry.register(_StoreWrites(gateway))
 
 
 class _UpstreamUp(Collector):
@@ -67,6 +68,31 @@ class _UpstreamUp(Collector):
         for health in self._gateway.fleet.health():
             family.add_metric([health.name], 1 if health.connected else 0)
         yield family
+
+
+class _StoreWrites(Collector):
+    """The store's own counts, read at scrape: committed write transactions (one fsync each) and
+    the writes they carried (their ratio is the group-commit batch size)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        store = self._gateway.store
+        transactions = getattr(store, "committed_transactions", None)
+        writes = getattr(store, "committed_writes", None)
+        if isinstance(transactions, int):
+            family = CounterMetricFamily(
+                "bastion_store_transactions", "Committed store write transactions (one fsync each)"
+            )
+            family.add_metric([], transactions)
+            yield family
+        if isinstance(writes, int):
+            family = CounterMetricFamily(
+                "bastion_store_writes", "Store writes committed in those transactions (group commit)"
+            )
+            family.add_metric([], writes)
+            yield family
 
 
 class AgentLabels:
@@ -134,6 +160,12 @@ class CallMetrics:
             "bastion_requests_in_flight",
             "Governed requests being served, by method",
             ["method"],
+            registry=registry,
+        )
+        self.store_write_seconds = Histogram(
+            "bastion_store_write_seconds",
+            "Durable audit appends (with their execution step): time to commit, group commit included",
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.agents = AgentLabels()

@@ -149,6 +149,11 @@ async def test_metrics_count_every_governed_call_by_outcome_and_the_access_log_h
     assert value(samples, "bastion_requests_in_flight", method="tools/call") == 0
     assert value(samples, "bastion_upstream_up", server="work") == 1
     assert value(samples, "bastion_store_degraded") == 0
+    appends = value(samples, "bastion_store_write_seconds_count")
+    assert appends is not None and appends >= len(answers)  # every call appended its entries
+    transactions = value(samples, "bastion_store_transactions_total")
+    writes = value(samples, "bastion_store_writes_total")
+    assert transactions is not None and writes is not None and writes >= transactions >= 1
 
     # deploy/observability: every metric its alerts and dashboard use is in this real output.
     names = {name for name, _ in samples}

@@ -114,7 +114,10 @@ class EvidenceRecorder:
         max_age_s: float = 3600.0,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         monotonic: Callable[[], float] = time.monotonic,
+        observe_write: Callable[[float], None] | None = None,
     ) -> None:
+        # Seconds each durable append took (the store's group commit included): metrics.py.
+        self._observe_write = observe_write
         if max_entries < MIN_MAX_ENTRIES:
             raise ValueError(f"an evidence session needs room for at least {MIN_MAX_ENTRIES} entries")
         self._store = store
@@ -283,10 +286,14 @@ class EvidenceRecorder:
             # The store links each append to the head it reads in its transaction: no fork, no gap.
             evidence.entries += len(batch)
             evidence.writing += 1
+        started = time.perf_counter()
         try:
-            return await self._store.append_entries(
+            entries = await self._store.append_entries(
                 session_id, builders, worker=worker, epoch=epoch, step=step
             )
+            if self._observe_write is not None:
+                self._observe_write(time.perf_counter() - started)
+            return entries
         except BaseException:
             evidence.entries -= len(batch)
             raise
