@@ -217,6 +217,8 @@ class ToolCallPath:
             outcome, reason = outcome_of_error(error)
             if attempt.refusal_reason is not None:
                 reason = attempt.refusal_reason  # as audited (grant_denied is answered unknown_tool)
+            elif attempt.sent and outcome == "refused":
+                outcome = "error"  # sent, but its outcome could not be recorded (not_durable, ...)
         entry, last = attempt.entry, attempt.last
         try:
             if span is not None:
@@ -434,6 +436,7 @@ class ToolCallPath:
         ) -> None:
             with child_span(self._tracing, "bastion.outcome"):
                 await self._finish(caller, attempt, scope, state, reason=reason, result_digest=result_digest)
+            attempt.outcome, attempt.outcome_reason = state.value, reason  # recorded, durably
 
         async def await_input(result: dict[str, Any]) -> None:
             # Not an outcome: the client is asked for input and comes back with the same call.
@@ -521,7 +524,6 @@ class ToolCallPath:
         reason: str | None,
         result_digest: str | None = None,
     ) -> None:
-        attempt.outcome, attempt.outcome_reason = state.value, reason
         execution_id = attempt.envelope.execution_id
         detail = {"result_digest": result_digest} if result_digest else None
         outcome = (
