@@ -88,7 +88,12 @@ class Tracing:
 
         attributes = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "bastion"}
         provider = TracerProvider(resource=Resource.create(attributes))
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        # The endpoint from the variables given (the exporter itself reads the process's own for
+        # the rest: headers, timeout, compression; the batch processor its OTEL_BSP_*).
+        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        if not endpoint and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            endpoint = env["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint or None)))
         return cls(provider)
 
     def shutdown(self) -> None:
