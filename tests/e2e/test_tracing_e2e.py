@@ -36,6 +36,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from bastion.auth.bearer import hash_token
+from tests.e2e.conftest import TOKENS
 from tests.e2e.test_evidence_e2e import auth, call_params, receipt_of
 from tests.e2e.test_shared_evidence_crash import bastion_serve
 from tests.e2e.test_telemetry_e2e import access_lines, write_config
@@ -299,3 +301,36 @@ async def test_a_call_span_is_parented_by_the_client_and_its_context_reaches_the
     ]
     assert exemplars and set(exemplars) <= {span.trace_id.hex() for _, span in receiver.spans}
     assert orjson.dumps(exemplars)
+
+
+async def test_a_stdio_upstream_receives_the_gateways_span_context_in_meta(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stdio upstream has no headers: Bastion's span context reaches it in ``params._meta``."""
+    client_trace, client_parent = secrets.token_hex(16), secrets.token_hex(8)
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'[servers.meta]\ncommand = "{sys.executable}"\nargs = ["-m", "tests.e2e.meta_stdio_upstream"]\n'
+        f'cwd = "{REPO}"\n\n'
+        + "".join(f'[agents.{n}]\ntoken_sha256 = "{hash_token(t)}"\n' for n, t in TOKENS.items())
+    )
+    with otlp_receiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        async with (
+            httpx.AsyncClient(timeout=30) as http,
+            bastion_serve(config, tmp_path / "data", tmp_path / "gateway.log") as (_, url),
+        ):
+            answer = await call(
+                http,
+                url,
+                "meta__seen_meta",
+                {},
+                header={"traceparent": traceparent(client_trace, client_parent)},
+            )
+            [upstream_span] = await wait_for_spans(receiver, "bastion.upstream", 1)
+    assert "result" in answer, answer
+    seen = json.loads(answer["result"]["content"][0]["text"])
+    assert ids_of(seen["traceparent"]) == (client_trace, upstream_span.span_id.hex())
+    assert upstream_span.trace_id.hex() == client_trace
