@@ -51,6 +51,12 @@ class GatewayMetrics:
             "bastion_store_degraded", "1 while the store cannot write (admissions refused)", registry=registry
         )
         degraded.set_function(lambda: 1 if gateway.health.degraded else 0)
+        sessionless = Gauge(
+            "bastion_sessionless_agent_sessions",
+            "Agent sessions (or agents) with a live shared evidence chain: the sessionless era's clients",
+            registry=registry,
+        )
+        sessionless.set_function(lambda: len(gateway.shared_evidence) if gateway.shared_evidence else 0)
         registry.register(_UpstreamUp(gateway))
         registry.register(_StoreWrites(gateway))
 

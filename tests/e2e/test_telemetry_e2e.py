@@ -149,6 +149,8 @@ async def test_metrics_count_every_governed_call_by_outcome_and_the_access_log_h
     assert value(samples, "bastion_requests_in_flight", method="tools/call") == 0
     assert value(samples, "bastion_upstream_up", server="work") == 1
     assert value(samples, "bastion_store_degraded") == 0
+    assert value(samples, "bastion_sessionless_agent_sessions") == 2  # alice's and bob's shared chains
+    assert value(samples, "bastion_transport_sessions") == 0  # no session-era client
     appends = value(samples, "bastion_store_write_seconds_count")
     assert appends is not None and appends >= len(answers)  # every call appended its entries
     transactions = value(samples, "bastion_store_transactions_total")
