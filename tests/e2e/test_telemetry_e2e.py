@@ -45,12 +45,29 @@ def deployed_expressions() -> list[str]:
     return exprs
 
 
-def write_config(path: Path, upstream_url: str, gateway: str) -> Path:
+def write_config(path: Path, upstream_url: str, gateway: str, grants: str = "") -> Path:
     agents = "".join(
         f'[agents.{name}]\ntoken_sha256 = "{hash_token(token)}"\n' for name, token in TOKENS.items()
     )
-    path.write_text(f'[gateway]\n{gateway}\n\n[servers.work]\nurl = "{upstream_url}"\n\n{agents}')
+    path.write_text(f'[gateway]\n{gateway}\n\n[servers.work]\nurl = "{upstream_url}"\n\n{agents}\n{grants}')
     return path
+
+
+#: alice may call every tool of work; bob only count, once a minute (his second call: rate_limited).
+GRANTS = """
+[[grants]]
+name = "alice-all"
+agent = "alice"
+servers = ["work"]
+tools = ["*"]
+
+[[grants]]
+name = "bob-count"
+agent = "bob"
+servers = ["work"]
+tools = ["count"]
+rate = "1/minute"
+"""
 
 
 async def scrape(http: httpx.AsyncClient, url: str) -> Samples:
@@ -95,11 +112,12 @@ async def sessionless_call(
 
 
 async def traffic(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
-    """Three echoes and one invalid echo (alice), two unknown tools (alice), one count (bob)."""
+    """Three echoes and one invalid echo (alice), two unknown tools (alice), two counts (bob)."""
     answers = [await sessionless_call(http, url, "work__echo", {"text": f"n{i}"}) for i in range(3)]
     answers.append(await sessionless_call(http, url, "work__echo", {}))
     answers.append(await sessionless_call(http, url, "work__nope", {}))
     answers.append(await sessionless_call(http, url, "elsewhere__tool", {"secret": "s3cr3t-value"}))
+    answers.append(await sessionless_call(http, url, "work__count", {}, agent="bob"))
     answers.append(await sessionless_call(http, url, "work__count", {}, agent="bob"))
     return answers
 
@@ -107,7 +125,7 @@ async def traffic(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
 async def test_metrics_count_every_governed_call_by_outcome_and_the_access_log_has_one_line_each(
     tmp_path: Path, holding_upstream: HoldingUpstream
 ) -> None:
-    config = write_config(tmp_path / "gateway.toml", holding_upstream.url, "metrics_agents = 1")
+    config = write_config(tmp_path / "gateway.toml", holding_upstream.url, "metrics_agents = 1", GRANTS)
     log = tmp_path / "gateway.log"
     async with (
         httpx.AsyncClient(timeout=30) as http,
@@ -116,7 +134,8 @@ async def test_metrics_count_every_governed_call_by_outcome_and_the_access_log_h
         answers = await traffic(http, url)
         prompt = await prompts_get(http, url, "work__no_such_prompt")
         samples = await scrape(http, url)
-    assert [("result" in a) for a in answers] == [True, True, True, True, False, False, True]
+    assert [("result" in a) for a in answers] == [True, True, True, True, False, False, True, False]
+    assert answers[7]["error"]["data"]["reason"] == "rate_limited"
     assert answers[3]["result"]["isError"] is True
     assert "error" in prompt
 
@@ -129,6 +148,7 @@ async def test_metrics_count_every_governed_call_by_outcome_and_the_access_log_h
     # metrics_agents = 1: alice came first and has her own value; bob is "other".
     other = {"server": "work", "tool": "count", "agent": "other"}
     assert value(samples, calls, **other, outcome="completed", reason="") == 1
+    assert value(samples, calls, **other, outcome="refused", reason="rate_limited") == 1
     assert not any(dict(labels).get("agent") == "bob" for _, labels in samples)
     assert not any("nope" in str(labels) or "elsewhere" in str(labels) for _, labels in samples)
 
@@ -143,6 +163,7 @@ async def test_metrics_count_every_governed_call_by_outcome_and_the_access_log_h
 
     refusals = "bastion_refusals_total"
     assert value(samples, refusals, method="tools/call", reason="unknown_tool") == 2
+    assert value(samples, refusals, method="tools/call", reason="rate_limited") == 1  # rate-limit rejections
     requests = "bastion_requests_total"
     assert value(samples, requests, method="prompts/get", outcome="refused", reason="unknown_prompt") == 1
     assert value(samples, refusals, method="prompts/get", reason="unknown_prompt") == 1
@@ -170,9 +191,10 @@ async def test_metrics_count_every_governed_call_by_outcome_and_the_access_log_h
     tool_lines = [line for line in lines if line["method"] == "tools/call"]
     assert len(tool_lines) == len(answers)  # one line per call, never two
     assert [line["outcome"] for line in tool_lines] == [
-        "completed", "completed", "completed", "failed", "refused", "refused", "completed",
+        "completed", "completed", "completed", "failed", "refused", "refused", "completed", "refused",
     ]  # fmt: skip
-    assert [line["agent"] for line in tool_lines] == ["alice"] * 6 + ["bob"]
+    assert [line["agent"] for line in tool_lines] == ["alice"] * 6 + ["bob"] * 2
+    assert tool_lines[7]["reason"] == "rate_limited"
     for answer, line in zip(answers, tool_lines, strict=True):
         receipt = receipt_of(answer)
         assert (line["call_id"], line["evidence_session_id"], line["seq"]) == (
