@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -37,9 +38,13 @@ from bastion.metrics import GatewayMetrics
 from bastion.policy.snapshot import Snapshot
 from bastion.start_refusal import StartRefusal, start_refusal_line
 from bastion.store.base import Store
+from bastion.tracing import TraceContextAsgi
 from bastion.transport.streamable_http import FrontDoor
 
 __all__ = ["create_app"]
+
+OPENMETRICS_CONTENT_TYPE = openmetrics.CONTENT_TYPE_LATEST
+_openmetrics_latest: Callable[[CollectorRegistry], bytes] = openmetrics.generate_latest
 
 
 def create_app(
@@ -74,6 +79,9 @@ def create_app(
         return JSONResponse(detail, status_code=status)
 
     async def metrics(request: Request) -> Response:
+        if "application/openmetrics-text" in request.headers.get("accept", ""):
+            # OpenMetrics carries the exemplars (a call's trace id, when tracing is on).
+            return Response(_openmetrics_latest(registry), media_type=OPENMETRICS_CONTENT_TYPE)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     class _Admin:
@@ -154,6 +162,8 @@ def create_app(
                     replicas=gateway.shared,
                 )
                 app.state.front = state["front"]  # its per-agent counts, for tests (issue #22)
+                if gateway.tracing is not None:  # a client's traceparent header parents its calls
+                    state["front"] = TraceContextAsgi(state["front"])
                 state["admin"] = _admin_router(gateway)
                 yield
             finally:

@@ -10,7 +10,10 @@ Order of the durable writes, for a call with an execution id (DESIGN section 3):
 [reserve (atomic, with binding), mark ``invoking``, audit ``admitted`` and
 ``invoking``] in one transaction → send → [record the terminal state, audit
 it] in one transaction → answer. To an upstream that is not connected:
-reserve alone (a replay is still classified), then release.
+reserve alone (a replay is still classified), then release. Without an
+execution id: audit ``admitted`` → send → audit the outcome → answer, for a
+tool that is not ``readOnlyHint``; a read-only one writes both after the send.
+Every entry's ``ts`` is the time of its event, not of its write.
 A write that cannot be made durable stops the call there, fail closed: the
 execution stays non-terminal (hence refused), the store is marked degraded,
 and the audit entry owed is written once storage returns.
@@ -27,6 +30,7 @@ from typing import Any
 
 import anyio
 from mcp_types import LOG_LEVEL_META_KEY
+from opentelemetry.trace import Span
 
 from bastion.admission.binding import bind_call
 from bastion.admission.continuation import InputContinuations
@@ -35,7 +39,9 @@ from bastion.admission.rounds import RoundCall, RoundStates
 from bastion.admission.states import ExecutionState
 from bastion.audit.earlier import name_earlier_attempt
 from bastion.audit.entry import AuditEntry, AuditEvent, Decision
+from bastion.audit.recorder import EVENT_AT
 from bastion.audit.scope import EvidenceScope
+from bastion.call_telemetry import CallTelemetry, outcome_of_error
 from bastion.caller import Caller
 from bastion.errors import (
     BastionError,
@@ -54,6 +60,7 @@ from bastion.errors import (
     UpstreamUnavailable,
 )
 from bastion.ids import CallId, Epoch, ExecutionId, WorkerId, new_call_id
+from bastion.metrics import UNKNOWN_TOOL
 from bastion.param_headers import check_param_headers
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.grants import Rate
@@ -64,6 +71,8 @@ from bastion.store.base import ExecutionStep, Store
 from bastion.store.health import StoreHealth
 from bastion.surface.limits import SurfaceLimits
 from bastion.tasks.support import TASK_PARAM, check_runs_without_task
+from bastion.tracing import NO_SPAN as _NO_SPAN
+from bastion.tracing import child_span, inject_meta, set_outcome
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
 from bastion.workers.attachment import AttachmentTracker, sessionless_ref, transport_session_ref
@@ -105,6 +114,12 @@ class _Attempt:
     pending: list[tuple[AuditEvent, dict[str, Any]]] = field(default_factory=list)
     charged: tuple[tuple[str, Rate], ...] = ()  # rate-limit tokens taken, until the call is sent
     sent: bool = False
+    # For telemetry (call_telemetry.py): the outcome recorded (a terminal state or
+    # input_required) and its reason, the reason of a refusal as audited, the upstream's time.
+    outcome: str | None = None
+    outcome_reason: str | None = None
+    refusal_reason: str | None = None
+    upstream_s: float | None = None
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -135,7 +150,10 @@ class ToolCallPath:
         monotonic: Callable[[], float] = time.monotonic,
         shared_limits: StoreRateLimiter | None = None,
         on_late_write: Callable[[LateWrite], Awaitable[object]] | None = None,
+        telemetry: CallTelemetry | None = None,
     ) -> None:
+        self._telemetry = telemetry
+        self._tracing = telemetry.tracing if telemetry is not None else None
         self._on_late_write = on_late_write
         self._attachments = attachments
         self._limiter = limiter
@@ -166,6 +184,69 @@ class ToolCallPath:
         """
         snapshot = self._snapshot()  # one snapshot decides the whole call
         attempt = _Attempt(call_id=new_call_id(), policy_version=snapshot.version)
+        telemetry = self._telemetry
+        if telemetry is None:
+            return await self._governed(caller, params, snapshot, attempt)
+        in_flight = telemetry.metrics.in_flight_of("tools/call")
+        in_flight.inc()
+        started = time.perf_counter()
+        error: BaseException | None = None
+        with (
+            telemetry.tracing.call_span("tools/call", params.get("_meta"), {"mcp.method.name": "tools/call"})
+            if telemetry.tracing is not None
+            else _NO_SPAN
+        ) as span:
+            try:
+                return await self._governed(caller, params, snapshot, attempt)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                in_flight.dec()
+                self._report(telemetry, caller, attempt, time.perf_counter() - started, error, span)
+
+    def _report(
+        self,
+        telemetry: CallTelemetry,
+        caller: Caller,
+        attempt: _Attempt,
+        total_s: float,
+        error: BaseException | None,
+        span: Span | None = None,
+    ) -> None:
+        """The call's metrics, access line and span attributes (call_telemetry.py, tracing.py):
+        never raises into the call."""
+        if attempt.outcome is not None:
+            outcome, reason = attempt.outcome, attempt.outcome_reason or ""
+        else:
+            outcome, reason = outcome_of_error(error)
+            if attempt.refusal_reason is not None:
+                reason = attempt.refusal_reason  # as audited (grant_denied is answered unknown_tool)
+            elif attempt.sent and outcome == "refused":
+                outcome = "error"  # sent, but its outcome could not be recorded (not_durable, ...)
+        entry, last = attempt.entry, attempt.last
+        try:
+            if span is not None:
+                _describe_span(span, caller, attempt, outcome, reason)
+            telemetry.tool_call(
+                str(caller.agent),
+                server=entry.server if entry else "",
+                tool=entry.upstream_name if entry else UNKNOWN_TOOL,
+                outcome=outcome,
+                reason=reason,
+                total_s=total_s,
+                upstream_s=attempt.upstream_s,
+                call_id=attempt.call_id,
+                execution_id=attempt.envelope.execution_id,
+                evidence_session_id=last.session_id if last else None,
+                seq=last.seq if last else None,
+            )
+        except Exception:
+            logger.exception("call telemetry failed")
+
+    async def _governed(
+        self, caller: Caller, params: dict[str, Any], snapshot: Snapshot, attempt: _Attempt
+    ) -> dict[str, Any]:
         scope = caller.evidence
         try:
             return await self._run_charged(caller, params, snapshot, attempt, scope)
@@ -243,17 +324,18 @@ class ToolCallPath:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
         attempt.entry = entry
         try:
-            decision = decide(
-                snapshot,
-                caller.principal,
-                entry.server,
-                entry.namespace,
-                entry.upstream_name,
-                arguments,
-                now=self._monotonic(),
-                limiter=self._limiter if self._shared_limits is None else None,
-                has_execution_id=attempt.envelope.execution_id is not None,
-            )
+            with child_span(self._tracing, "bastion.decision"):
+                decision = decide(
+                    snapshot,
+                    caller.principal,
+                    entry.server,
+                    entry.namespace,
+                    entry.upstream_name,
+                    arguments,
+                    now=self._monotonic(),
+                    limiter=self._limiter if self._shared_limits is None else None,
+                    has_execution_id=attempt.envelope.execution_id is not None,
+                )
         except GrantDenied as exc:
             # A tool hidden by grants is answered as unknown: the caller learns nothing of what it
             # may not see; the audit keeps the truth (grant_denied, server, tool). Issue #12.
@@ -311,14 +393,14 @@ class ToolCallPath:
         if execution_id is not None and continuation is None and not upstream.health().connected:
             # Classified first (a replay stays a replay), then released: nothing can be sent.
             await self._admit(caller, attempt, scope, execution_id, step=None)
-            self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
+            self._queue(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
             await self._release(caller, attempt, scope)
             raise UpstreamUnavailable(f"upstream {entry.server} is not connected")
-        self._queue(attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
+        self._queue(scope, attempt, AuditEvent.ADMITTED, decision=Decision.ALLOW.value)
         if execution_id is not None and continuation is None:
             # The reservation, the durable "invoking" mark and the audit entries that say so: one
             # transaction (store/base.py ExecutionStep), durable before the send.
-            self._queue(attempt, AuditEvent.INVOKING)
+            self._queue(scope, attempt, AuditEvent.INVOKING)
             step = ExecutionStep(
                 caller.agent,
                 execution_id,
@@ -329,11 +411,18 @@ class ToolCallPath:
             # Shielded: a cancellation that lands while the mark commits would otherwise leave a
             # durable "invoking" row that no outcome follows. Cancellation is taken at the send
             # instead, inside send_and_settle, which records it as outcome_unknown.
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True), child_span(self._tracing, "bastion.admission"):
                 await self._admit(caller, attempt, scope, execution_id, step=step)
+        elif execution_id is None and not entry.read_only:
+            # Without an execution id there is no state to move, but a tool that may act has its
+            # admitted entry durable before the send (group-committed with other writes), so a
+            # crash leaves the call visible and recovery closes it outcome_unknown
+            # (workers/recovery.py). Shielded like the mark above.
+            with anyio.CancelScope(shield=True), child_span(self._tracing, "bastion.admission"):
+                await self._record_pending(scope, attempt)
 
-        # Without an execution id there is no state to move: the admitted entry is written with
-        # the outcome, durably, before the answer (DESIGN section 2 step 8).
+        # A read-only call's admitted entry is written with its outcome, durably, before the
+        # answer (DESIGN section 2 step 8), stamped with the time it was admitted.
         async def send() -> dict[str, Any]:
             ctx = CallContext(
                 relay=caller.relay,
@@ -350,12 +439,24 @@ class ToolCallPath:
             request = self._upstream_params(entry, params, arguments)
             if upstream_state is not None:
                 request["requestState"] = upstream_state
-            return self.rounds.wrap(round_call, await upstream.call("tools/call", request, ctx))
+            sent_at = time.perf_counter()
+            try:
+                if self._tracing is None:
+                    answer = await upstream.call("tools/call", request, ctx)
+                else:
+                    with self._tracing.child("bastion.upstream"):
+                        # The gateway's span context goes upstream (the HTTP upstream's headers too).
+                        answer = await upstream.call("tools/call", inject_meta(request), ctx)
+            finally:
+                attempt.upstream_s = time.perf_counter() - sent_at
+            return self.rounds.wrap(round_call, answer)
 
         async def finish(
             state: ExecutionState, *, reason: str | None, result_digest: str | None = None
         ) -> None:
-            await self._finish(caller, attempt, scope, state, reason=reason, result_digest=result_digest)
+            with child_span(self._tracing, "bastion.outcome"):
+                await self._finish(caller, attempt, scope, state, reason=reason, result_digest=result_digest)
+            attempt.outcome, attempt.outcome_reason = state.value, reason  # recorded, durably
 
         async def await_input(result: dict[str, Any]) -> None:
             # Not an outcome: the client is asked for input and comes back with the same call.
@@ -363,6 +464,7 @@ class ToolCallPath:
                 self._continuations.expect(
                     caller.agent, execution_id, attempt.binding, result.get("requestState")
                 )
+            attempt.outcome, attempt.outcome_reason = "input_required", "input_required"
             await self._record(scope, attempt, AuditEvent.INPUT_REQUIRED, reason="input_required")
 
         # (8) Outcome: from here every way out (result, error, cancellation, garbage) records a
@@ -512,17 +614,27 @@ class ToolCallPath:
             self._attachments.surface_listed(ref, listed, owner=owner)
         self._attachments.check(ref, required, tool_read_only=False)
 
-    def _queue(self, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
-        """Queue an entry of this attempt; the next :meth:`_record` writes it first, in order."""
-        attempt.pending.append((event, {**attempt.fields(), **extra}))
+    def _queue(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
+        """Queue an entry of this attempt; the next :meth:`_record` writes it first, in order.
 
-    async def _record_pending(
-        self, scope: EvidenceScope, attempt: _Attempt, *, step: ExecutionStep | None = None
-    ) -> None:
-        """Write the queued entries now, durably, with ``step`` if given: something irreversible
-        follows (raises ``NotDurable``)."""
-        # One more entry of this call follows (its outcome or refusal): it stays in this chain.
-        await self._write_batch(scope, attempt, [], durable=True, then=1, step=step)
+        Stamped now, the time of its event, whenever it is written (``recorder.EVENT_AT``).
+        """
+        attempt.pending.append((event, {**attempt.fields(), EVENT_AT: scope.now(), **extra}))
+
+    async def _record_pending(self, scope: EvidenceScope, attempt: _Attempt) -> None:
+        """Write the queued entries now, durably: the send follows (raises ``NotDurable``, and
+        then nothing was sent: the entries and the refusal are owed to the audit)."""
+        batch, attempt.pending = attempt.pending, []
+        try:
+            # One more entry of this call follows (its outcome): it stays in this chain.
+            entries = await scope.record_many(batch, durable=True, then=1)
+        except StaleEpoch:
+            raise  # superseded, not a storage failure: nothing is owed under a stale epoch
+        except StoreError as exc:
+            self._health.failed(exc, owed=scope.owe([*batch, self._refusal(attempt, exc)]))
+            raise NotDurable("The admitted entry could not be made durable; the call was not sent") from exc
+        if entries:
+            attempt.last = entries[-1]
 
     async def _record(self, scope: EvidenceScope, attempt: _Attempt, event: AuditEvent, **extra: Any) -> None:
         """Write the queued entries and this one in one go (raises ``NotDurable``).
@@ -565,6 +677,7 @@ class ToolCallPath:
         detail: dict[str, Any] | None = None,
     ) -> None:
         exc.data["audited"] = True
+        attempt.refusal_reason = exc.reason.value
         with contextlib.suppress(NotDurable):  # owed to the audit; the refusal itself stands
             await self._record(
                 scope,
@@ -645,6 +758,26 @@ class ToolCallPath:
         out["name"] = entry.upstream_name
         out["arguments"] = arguments
         return out
+
+
+def _describe_span(span: Span, caller: Caller, attempt: _Attempt, outcome: str, reason: str) -> None:
+    """A call's span attributes (OTel semantic conventions for MCP where they exist): names and
+    ids only, never an argument, a result or a credential."""
+    entry, last = attempt.entry, attempt.last
+    tool = entry.exposed_name if entry else UNKNOWN_TOOL
+    span.update_name(f"tools/call {tool}")
+    span.set_attribute("gen_ai.operation.name", "execute_tool")
+    span.set_attribute("gen_ai.tool.name", tool)
+    span.set_attribute("bastion.agent", str(caller.agent))
+    span.set_attribute("bastion.call_id", attempt.call_id)
+    if entry is not None:
+        span.set_attribute("bastion.server", entry.server)
+    if attempt.envelope.execution_id is not None:
+        span.set_attribute("bastion.execution_id", attempt.envelope.execution_id)
+    if last is not None:
+        span.set_attribute("bastion.evidence_session_id", last.session_id)
+        span.set_attribute("bastion.evidence_seq", last.seq)
+    set_outcome(span, outcome, reason)
 
 
 def _with_receipt_meta(exc: UpstreamReplied, receipt: dict[str, Any]) -> UpstreamReplied:

@@ -46,10 +46,12 @@ from bastion.auth.principal import Principal
 from bastion.auth.roles import check_store_roles
 from bastion.background import BackgroundTasks
 from bastion.call import ToolCallPath
+from bastion.call_telemetry import CallTelemetry
 from bastion.crypto.keys import Keyring
 from bastion.errors import AgentSessionRevoked, BastionError, ConfigError, StoreError, WorkerSuperseded
 from bastion.ids import AgentId, WorkerId
 from bastion.methods import MethodRouter
+from bastion.metrics import CallMetrics
 from bastion.policy.decide import RateLimiter, SurfaceKind, surface_reachable, visible_tools
 from bastion.policy.digest import snapshot_digest
 from bastion.policy.load import load_snapshot
@@ -73,6 +75,7 @@ from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
 from bastion.store.replicas import ChangeKind
 from bastion.store.select import open_store
+from bastion.tracing import Tracing
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.workers.attachment import (
@@ -147,6 +150,11 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = SnapshotHolder(snapshot, registry=metrics)
+        # Per-call metrics and access lines (issue #25), on this gateway's own registry.
+        self.tracing = Tracing.from_environment()  # off unless OTEL_* configures an exporter
+        self.telemetry = CallTelemetry(
+            CallMetrics(metrics), lambda: self.policy.current.gateway, tracing=self.tracing
+        )
         self._policy_in_force: tuple[Snapshot, PolicyInForce] | None = None
         self.options = options
         self._static_auth = (snapshot.version, StaticBearerAuth(snapshot))
@@ -294,6 +302,7 @@ class Gateway:
             policy=self.policy_in_force,
             max_entries=options.evidence_max_entries,
             max_age_s=options.evidence_max_age_s,
+            observe_write=self.telemetry.metrics.store_write_seconds.observe,
         )
         self.shared_evidence = SharedEvidence(
             EvidenceRecorder(
@@ -305,6 +314,7 @@ class Gateway:
                 policy=self.policy_in_force,
                 max_entries=options.evidence_max_entries,
                 max_age_s=math.inf,  # the age bound is SharedEvidence's: nobody waits to rotate
+                observe_write=self.telemetry.metrics.store_write_seconds.observe,
             ),
             max_age_s=options.sessionless_evidence_max_age_s,
             policy_version=lambda: self.policy.current.version,
@@ -337,11 +347,13 @@ class Gateway:
             attachments=self.attachments,
             shared_limits=StoreRateLimiter(store, lambda: datetime.now(UTC)),
             on_late_write=self._record_late_write,
+            telemetry=self.telemetry,
         )
         self.router = MethodRouter(
             self.fleet,
             self.call_path,
             self.snapshot,
+            telemetry=self.telemetry,
             on_surface=self._surface_listed,
             listeners=self.listeners,
         )
@@ -478,6 +490,8 @@ class Gateway:
                 await self._oauth_http.aclose()
             if self.store is not None:
                 await self.store.aclose()
+            if self.tracing is not None:
+                await anyio.to_thread.run_sync(self.tracing.shutdown)  # the spans still batched
 
     def serving(self) -> None:
         """Raises while this worker must not answer (superseded by a newer epoch)."""

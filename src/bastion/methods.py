@@ -23,6 +23,7 @@ from typing import Any
 from bastion import __version__
 from bastion.auth.principal import Principal
 from bastion.call import ToolCallPath
+from bastion.call_telemetry import CallTelemetry
 from bastion.caller import Caller
 from bastion.errors import InvalidParams, MethodNotFound
 from bastion.policy.decide import visible_tools
@@ -82,6 +83,10 @@ def for_sessionless_wire(method: str, result: dict[str, Any]) -> dict[str, Any]:
 Handler = Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
+#: Governed requests besides tools/call that call_telemetry.py counts and logs (tools/call: call.py).
+_OBSERVED = frozenset({"resources/read", "prompts/get", "completion/complete"})
+
+
 class MethodRouter:
     """Maps a JSON-RPC method to the code that answers it."""
 
@@ -93,7 +98,9 @@ class MethodRouter:
         *,
         on_surface: Callable[[TransportSession, frozenset[str]], None] | None = None,
         listeners: ListenerHub | None = None,
+        telemetry: CallTelemetry | None = None,
     ) -> None:
+        self._telemetry = telemetry
         self._on_surface = on_surface
         self.listeners = listeners if listeners is not None else ListenerHub()
         self._snapshot = snapshot
@@ -148,6 +155,8 @@ class MethodRouter:
         handler = self._handlers.get(method)
         if handler is None or (not sessionless and method in MODERN_ONLY):
             raise MethodNotFound(f"Method not found: {method}", method=method)
+        if self._telemetry is not None and method in _OBSERVED:
+            return await self._telemetry.request(method, str(caller.agent), lambda: handler(caller, params))
         return await handler(caller, params)
 
     async def _ping(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:

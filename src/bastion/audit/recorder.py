@@ -54,7 +54,12 @@ from bastion.ids import AgentId, EvidenceSessionId, new_evidence_session_id
 from bastion.store.base import ExecutionStep, Store
 from bastion.workers.membership import WorkerMembership
 
-__all__ = ["MIN_MAX_ENTRIES", "Attestor", "EvidenceRecorder", "EvidenceSession"]
+__all__ = ["EVENT_AT", "MIN_MAX_ENTRIES", "Attestor", "EvidenceRecorder", "EvidenceSession"]
+
+#: The key of a batch entry's fields that carries the time of its event (a ``datetime``), when it
+#: was queued before its write (``call.py``): the entry's ``ts`` is that time (DESIGN section 4).
+#: Without it an entry is stamped when its write is reserved.
+EVENT_AT = "at"
 
 #: genesis + attestation + the most one call writes (admitted, invoking, outcome) + close.
 MIN_MAX_ENTRIES = 6
@@ -109,7 +114,10 @@ class EvidenceRecorder:
         max_age_s: float = 3600.0,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         monotonic: Callable[[], float] = time.monotonic,
+        observe_write: Callable[[float], None] | None = None,
     ) -> None:
+        # Seconds each durable append took (the store's group commit included): metrics.py.
+        self._observe_write = observe_write
         if max_entries < MIN_MAX_ENTRIES:
             raise ValueError(f"an evidence session needs room for at least {MIN_MAX_ENTRIES} entries")
         self._store = store
@@ -278,10 +286,14 @@ class EvidenceRecorder:
             # The store links each append to the head it reads in its transaction: no fork, no gap.
             evidence.entries += len(batch)
             evidence.writing += 1
+        started = time.perf_counter()
         try:
-            return await self._store.append_entries(
+            entries = await self._store.append_entries(
                 session_id, builders, worker=worker, epoch=epoch, step=step
             )
+            if self._observe_write is not None:
+                self._observe_write(time.perf_counter() - started)
+            return entries
         except BaseException:
             evidence.entries -= len(batch)
             raise
@@ -429,6 +441,10 @@ def _builder(
     epoch: int | None,
     fields: dict[str, Any],
 ) -> Callable[[int, str], AuditEntry]:
+    if EVENT_AT in fields:
+        at = fields[EVENT_AT]
+        fields = {k: v for k, v in fields.items() if k != EVENT_AT}
+
     def build(seq: int, prev: str) -> AuditEntry:
         return _entry(seq, prev, session_id, agent, event, at, worker=worker, epoch=epoch, **fields)
 

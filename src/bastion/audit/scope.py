@@ -8,13 +8,14 @@ no writes) and closes it, with its claim, when the scope ends.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 import anyio
 
 from bastion.audit.chain import CloseReason
 from bastion.audit.entry import AuditEntry, AuditEvent, format_ts
-from bastion.audit.recorder import EvidenceRecorder, EvidenceSession
+from bastion.audit.recorder import EVENT_AT, EvidenceRecorder, EvidenceSession
 from bastion.ids import AgentId
 from bastion.store.base import ExecutionStep
 
@@ -47,6 +48,11 @@ class EvidenceScope:
     @property
     def session_id(self) -> str | None:
         return None if self._evidence is None else self._evidence.session_id
+
+    def now(self) -> datetime:
+        """The wall clock this scope's entries are stamped with: an event's time, for an entry
+        queued before its write (``recorder.EVENT_AT``)."""
+        return self._recorder.now()
 
     async def record(self, event: AuditEvent, **fields: Any) -> AuditEntry | None:
         """Append one entry to this scope's chain, opening it first if needed."""
@@ -110,8 +116,16 @@ class EvidenceScope:
         if self._unsafe_disabled:
             return []
         stamp: dict[str, Any] = {"late": True} if event_ts is None else {"late": True, "event_ts": event_ts}
+        # Written late, an entry's ts is its write time (the chain's order): its event time, if it
+        # carried one, is not kept as ts (``detail.event_ts`` says when it was owed).
         marked = [
-            (event, {**fields, "detail": {**(fields.get("detail") or {}), **stamp}})
+            (
+                event,
+                {
+                    **{k: v for k, v in fields.items() if k != EVENT_AT},
+                    "detail": {**(fields.get("detail") or {}), **stamp},
+                },
+            )
             for event, fields in batch
         ]
         if not self.closed and (self._evidence is None or not self._evidence.closed):

@@ -98,6 +98,8 @@ _GATEWAY_KEYS = frozenset(
         "max_connections_per_address",
         "max_unauthenticated_connections_per_address",
         "max_requests_per_agent",
+        "metrics_agents",
+        "access_log",
     }
 )
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
@@ -320,9 +322,12 @@ def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
         "max_headers",
         "max_unauthenticated_connections_per_address",
         "max_requests_per_agent",
+        "metrics_agents",
     ):
         if key in table:
             kwargs[key] = ctx.integer(table[key], f"gateway.{key}")
+    if "access_log" in table:
+        kwargs["access_log"] = ctx.boolean(table["access_log"], "gateway.access_log")
     if "max_connections_per_address" in table:
         # Its former name (issue #22): it only ever bounded what a peer holds before a credential.
         if "max_unauthenticated_connections_per_address" in table:

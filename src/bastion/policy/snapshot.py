@@ -80,6 +80,10 @@ class GatewaySettings:
     max_unauthenticated_connections_per_address: int = 64
     # Requests one agent may have in progress at one replica (streams included): issue #22.
     max_requests_per_agent: int = 1024
+    # Telemetry (issue #25): the agent label of the call metrics (0: none; N: the first N agents
+    # seen by name, every later one `other`), and the access line per governed call.
+    metrics_agents: int = 0
+    access_log: bool = True
 
     def __post_init__(self) -> None:
         if self.sse_replay_events < 1 or self.sse_replay_streams < 1 or self.sse_replay_bytes < 1024:
@@ -102,6 +106,8 @@ class GatewaySettings:
                 raise ConfigError(f"gateway.{key} must be positive")
         if self.max_transport_sessions < 1:
             raise ConfigError("gateway.max_transport_sessions must be at least 1")
+        if not 0 <= self.metrics_agents <= 1000:
+            raise ConfigError("gateway.metrics_agents must be between 0 and 1000")
         if self.max_transport_sessions_per_agent < 1:
             raise ConfigError("gateway.max_transport_sessions_per_agent must be at least 1")
         for key, least in (

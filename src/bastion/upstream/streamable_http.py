@@ -38,6 +38,7 @@ from bastion.errors import (
     UpstreamUnavailable,
 )
 from bastion.policy.snapshot import ServerSpec
+from bastion.tracing import inject_headers
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.base import (
     RESOURCE_UPDATED,
@@ -562,6 +563,7 @@ class HttpUpstream:
 
     @contextlib.asynccontextmanager
     async def _stream(self, headers: dict[str, str], body: dict[str, Any]) -> AsyncIterator[UpstreamResponse]:
+        inject_headers(headers)  # the gateway's span context, when a call is traced (tracing.py)
         sent = False
         try:
             async with self._client.stream(

@@ -8,6 +8,10 @@ and whose ``detail.last_entry`` names the dead worker's last entry of that call
 (session, seq, hash and ``ts``, the last time the call was known of; ``null``
 when it left none); then every evidence session the
 generation left open is closed with reason ``recovery`` and its claim issued.
+Before that, a call without an execution id whose last entry in such a chain is
+``admitted`` (a tool that may act writes it before the send, ``call.py``) was
+at the upstream when its worker died: recovery writes its ``outcome_unknown``
+entry, reason ``recovery``, naming that last entry the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from bastion.audit.scope import EvidenceScope
 from bastion.audit.tee import no_attestation
 from bastion.crypto.keys import Keyring
 from bastion.errors import Conflict
+from bastion.ids import AgentId
 from bastion.store.base import ChainInfo, RecoveredExecution, Store
 from bastion.workers.membership import WorkerMembership
 
@@ -69,10 +74,59 @@ async def recover_generation(
             )
         await scope.close(CloseReason.RECOVERY)
         logger.warning("recovered executions", extra={"agent": agent, "count": len(rows)})
+    await _settle_calls_left_open(store, recorder, left_open)
     closed = [
         await _close_left_open(store, chain, membership, keyring, profile, policy) for chain in left_open
     ]
     return changes, [c for c in closed if c]
+
+
+#: The events after which a call without an execution id may still be at its upstream.
+_UNSETTLED = frozenset({AuditEvent.ADMITTED.value, AuditEvent.INVOKING.value})
+
+
+async def _settle_calls_left_open(
+    store: Store, recorder: EvidenceRecorder, left_open: list[ChainInfo]
+) -> None:
+    """An ``outcome_unknown`` entry for each call without an execution id that a chain left open
+    shows admitted and never settled (one with an execution id is settled by its row above)."""
+    by_agent: dict[str, list[AuditEntry]] = defaultdict(list)
+    for chain in left_open:
+        last_of_call: dict[str, AuditEntry] = {}
+        for entry in await store.read_chain(chain.session_id):
+            if entry.call_id is not None:
+                last_of_call[entry.call_id] = entry
+        for last in last_of_call.values():
+            if last.execution_id is None and last.event in _UNSETTLED and last.agent is not None:
+                by_agent[last.agent].append(last)
+    for agent, calls in by_agent.items():
+        scope = EvidenceScope(recorder, AgentId(agent), policy_version=None)
+        for last in calls:
+            await scope.record(
+                AuditEvent.OUTCOME_UNKNOWN,
+                call_id=last.call_id,
+                workflow_id=last.workflow_id,
+                server=last.server,
+                tool=last.tool,
+                args_digest=last.args_digest,
+                binding=last.binding,
+                policy_version=last.policy_version,
+                outcome=AuditEvent.OUTCOME_UNKNOWN.value,
+                reason="recovery",
+                detail={
+                    "previous_state": last.event,
+                    "previous_worker": last.worker,
+                    "previous_epoch": last.epoch,
+                    "last_entry": {
+                        "session_id": last.session_id,
+                        "seq": last.seq,
+                        "hash": last.hash,
+                        "ts": last.ts,
+                    },
+                },
+            )
+        await scope.close(CloseReason.RECOVERY)
+        logger.warning("recovered calls left at the upstream", extra={"agent": agent, "count": len(calls)})
 
 
 async def _close_left_open(

@@ -1,0 +1,181 @@
+"""OpenTelemetry traces of governed calls (DESIGN section 11, issue #25): off unless configured.
+
+On when the standard variables ask for an OTLP exporter: ``OTEL_TRACES_EXPORTER=otlp``, or an
+``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` without
+``OTEL_TRACES_EXPORTER=none``; ``OTEL_SDK_DISABLED=true`` turns it off. Spans go out over
+OTLP/HTTP (protobuf), batched, with the exporter's own ``OTEL_EXPORTER_OTLP_*`` settings
+(headers, timeout), ``OTEL_SERVICE_NAME`` (default ``bastion``), ``OTEL_RESOURCE_ATTRIBUTES``
+and ``OTEL_TRACES_SAMPLER``. The tracer provider is this gateway's own (never the global one),
+so two gateways in one process keep their spans apart.
+
+A client's W3C trace context is the parent of a call's span: ``traceparent``/``tracestate`` in
+the request's ``params._meta`` (where the MCP SDK puts it, ``mcp/shared/_otel.py``), else in
+the HTTP request headers (:class:`TraceContextAsgi` makes them the request's context). The
+gateway's own span context goes upstream in ``_meta`` (every upstream) and, for an HTTP
+upstream, in the request headers too (:func:`inject_headers`).
+
+Attributes follow the OpenTelemetry semantic conventions for MCP where they exist
+(``mcp.method.name``, ``gen_ai.tool.name``, ``gen_ai.operation.name``, ``jsonrpc.request.id``,
+``error.type``) plus Bastion's own (``bastion.*``). Never a credential, an argument or a
+result value.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = [
+    "NO_SPAN",
+    "TraceContextAsgi",
+    "Tracing",
+    "child_span",
+    "inject_headers",
+    "inject_meta",
+    "set_outcome",
+    "trace_id_of_current",
+]
+
+logger = logging.getLogger(__name__)
+
+_PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent/tracestate, stateless
+_TRACE_KEYS = ("traceparent", "tracestate")
+#: A context manager that is no span (tracing off): reusable, it holds no state.
+NO_SPAN: AbstractContextManager[None] = nullcontext()
+
+
+def _wanted(environ: Mapping[str, str]) -> bool:
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return "otlp" in {name.strip() for name in exporter.split(",")}
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return bool(endpoint)
+
+
+class Tracing:
+    """This gateway's tracer, exporting over OTLP/HTTP."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self._provider = provider
+        self.tracer: Tracer = provider.get_tracer("bastion")
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> Tracing | None:
+        """The tracer the ``OTEL_*`` variables configure, or ``None`` (tracing off)."""
+        env = os.environ if environ is None else environ
+        if not _wanted(env):
+            return None
+        protocol = (
+            env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or ""
+        ).strip()
+        if protocol and protocol != "http/protobuf":
+            logger.warning("OTLP protocol %s is not supported; traces go over http/protobuf", protocol)
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        attributes = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "bastion"}
+        provider = TracerProvider(resource=Resource.create(attributes))
+        # The endpoint from the variables given (the exporter itself reads the process's own for
+        # the rest: headers, timeout, compression; the batch processor its OTEL_BSP_*).
+        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        if not endpoint and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            endpoint = env["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint or None)))
+        return cls(provider)
+
+    def shutdown(self) -> None:
+        """Export what is still batched, then stop (blocking: run it in a worker thread)."""
+        self._provider.shutdown()
+
+    @contextmanager
+    def call_span(self, name: str, meta: Any, attributes: dict[str, Any]) -> Iterator[Span]:
+        """The span of one governed request, current while it runs, parented by the client's context."""
+        parent = _context_from_meta(meta)
+        with self.tracer.start_as_current_span(
+            name, context=parent, kind=SpanKind.SERVER, attributes=attributes, record_exception=False
+        ) as span:
+            yield span
+
+    def child(self, name: str) -> AbstractContextManager[Any]:
+        """A child span of the current one (a step of the call)."""
+        return self.tracer.start_as_current_span(name, kind=SpanKind.INTERNAL, record_exception=False)
+
+
+def child_span(tracing: Tracing | None, name: str) -> AbstractContextManager[Any]:
+    """``tracing.child(name)``, or nothing when tracing is off (no cost beyond this call)."""
+    return NO_SPAN if tracing is None else tracing.child(name)
+
+
+def set_outcome(span: Span, outcome: str, reason: str) -> None:
+    span.set_attribute("bastion.outcome", outcome)
+    if reason:
+        span.set_attribute("bastion.reason", reason)
+    if outcome not in ("completed", "input_required"):
+        span.set_attribute("error.type", reason or outcome)
+        span.set_status(Status(StatusCode.ERROR))
+
+
+def _context_from_meta(meta: Any) -> Context | None:
+    """The client's trace context from ``_meta``, else ``None`` (the request's current context)."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("traceparent"), str):
+        return None
+    carrier = {key: meta[key] for key in _TRACE_KEYS if isinstance(meta.get(key), str)}
+    ctx = _PROPAGATOR.extract(carrier)
+    return ctx if get_current_span(ctx).get_span_context().is_valid else None
+
+
+def inject_meta(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with the current span context in ``_meta`` (replacing the client's)."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    if not carrier:
+        return params
+    meta = params.get("_meta")
+    kept = {k: v for k, v in meta.items() if k not in _TRACE_KEYS} if isinstance(meta, dict) else {}
+    return {**params, "_meta": {**kept, **carrier}}
+
+
+def inject_headers(headers: MutableMapping[str, str]) -> None:
+    """Add the current span context to an upstream HTTP request's headers (nothing when none)."""
+    _PROPAGATOR.inject(headers)
+
+
+def trace_id_of_current() -> str | None:
+    """The current span's trace id in hex, for the access line and exemplars, or ``None``."""
+    span_context = get_current_span().get_span_context()
+    return format(span_context.trace_id, "032x") if span_context.is_valid else None
+
+
+class TraceContextAsgi:
+    """Makes an HTTP request's ``traceparent``/``tracestate`` headers its OTel context (tracing on)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        carrier: dict[str, str] = {}
+        if scope["type"] == "http":
+            for key, value in scope["headers"]:
+                if key in (b"traceparent", b"tracestate"):
+                    carrier[key.decode("latin-1")] = value.decode("latin-1")
+        if "traceparent" not in carrier:
+            await self._app(scope, receive, send)
+            return
+        token = otel_context.attach(_PROPAGATOR.extract(carrier))
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            otel_context.detach(token)
