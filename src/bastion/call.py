@@ -447,15 +447,15 @@ class ToolCallPath:
             await self._report_late_write(caller, attempt, scope, state, worker, epoch)
             raise StaleEpoch(exc.message, observed_outcome=state.value, execution_id=execution_id) from exc
         except StoreError as exc:
-            # Not durable: the row stays invoking (refused forever), never terminal by guess.
-            owed = [
-                *batch[:-1],
-                (
-                    AuditEvent.REFUSED,
-                    {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value},
-                ),
-            ]
-            self._health.failed(exc, owed=scope.owe(owed))
+            # Not durable: the row stays invoking (refused) until storage returns; then this
+            # worker makes the outcome it observed durable under its own epoch (issue #23).
+            refusal = (
+                AuditEvent.REFUSED,
+                {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value},
+            )
+            self._health.failed(
+                exc, owed=self._owed_terminal(caller, attempt, scope, step, batch[:-1], refusal, batch[-1])
+            )
             raise NotDurable(
                 "The outcome could not be made durable; this execution_id stays refused",
                 observed_outcome=state.value,
@@ -463,6 +463,41 @@ class ToolCallPath:
             ) from exc
         if entries:
             attempt.last = entries[-1]
+
+    def _owed_terminal(
+        self,
+        caller: Caller,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+        step: ExecutionStep,
+        pending: list[tuple[AuditEvent, dict[str, Any]]],
+        refusal: tuple[AuditEvent, dict[str, Any]],
+        outcome: tuple[AuditEvent, dict[str, Any]],
+    ) -> Callable[[], Awaitable[object]]:
+        """The terminal write owed once storage returns (issue #23 point 3), as recovery would make it.
+
+        Run by ``store/health.py`` after its probe write succeeded: the row still ``invoking``
+        moves to the outcome this worker observed, under this worker's epoch then, with the
+        entries owed and the outcome's entry in one transaction (each marked late). A row already
+        terminal (the failed write had landed after all, with its entries) gets the refusal alone; a stale
+        epoch (a peer recovered this generation meanwhile) hands the outcome to the late-write
+        report, as a superseded worker's would be.
+        """
+        write_refusal = scope.owe([refusal])
+        write_all = scope.owe([*pending, refusal, outcome])
+
+        async def settle() -> object:
+            record = await self._store.get_execution(step.agent, step.execution_id)
+            if record is None or record.state is not ExecutionState.INVOKING:
+                return await write_refusal()
+            try:
+                return await write_all(step)
+            except StaleEpoch:
+                worker, epoch = self._membership.credentials()
+                await self._report_late_write(caller, attempt, scope, step.target, worker, epoch)
+                return None
+
+        return settle
 
     async def _release(self, caller: Caller, attempt: _Attempt, scope: EvidenceScope) -> None:
         assert attempt.envelope.execution_id is not None

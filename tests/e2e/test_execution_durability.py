@@ -163,16 +163,14 @@ async def test_failed_terminal_write_never_allows_a_second_invocation(
         detail = await wait_until_recovered(http, gw.url)
         assert detail["store"]["audit_owed"] == 0
 
-        # 4. The execution is still refused: stuck in flight (never terminal by guess), or a replay.
+        # 4. The execution is still refused, now as a replay: the outcome this replica observed was
+        # made durable once storage returned (issue #23), or had landed after all.
         again = await session_call(
             http, gw.url, transport_session, "tools__increment", execution_id=execution_id
         )
-        if when == "before_commit":
-            assert reason_of(again) == "execution_in_flight", again
-            assert await gw.state(execution_id) is ExecutionState.INVOKING
-        else:
-            assert reason_of(again) == "execution_replay", again
-            assert again["error"]["data"]["earlier_outcome"] == "completed"
+        assert reason_of(again) == "execution_replay", again
+        assert again["error"]["data"]["earlier_outcome"] == "completed"
+        assert await gw.state(execution_id) is ExecutionState.COMPLETED
         assert counter_value(counter) == before + 1
         admitted = await session_call(
             http, gw.url, transport_session, "tools__echo", execution_id=f"{execution_id}-after"
@@ -187,23 +185,27 @@ async def test_failed_terminal_write_never_allows_a_second_invocation(
         ]
         events = [(e["event"], e["reason"], e["outcome"]) for e in entries]
         # The terminal row and its entry are one write: after the commit both landed (and the
-        # owed refusal says the client was told otherwise); before it, neither did.
+        # owed refusal says the client was told otherwise); before it, neither did, and both
+        # are written late, once storage returned: the refusal, then the observed outcome.
         landed = [("completed", None, "completed")] if when == "after_commit" else []
-        assert events[: 3 + len(landed)] == [
+        written_late = [("completed", None, "completed")] if when == "before_commit" else []
+        assert events[:4] == [
             ("admitted", None, None),
             ("invoking", None, None),
             *landed,
             ("refused", "terminal_write_failed", "completed"),
+            *written_late,
         ]
-        assert len({e["call_id"] for e in entries[: 3 + len(landed)]}) == 1
+        assert len({e["call_id"] for e in entries[:4]}) == 1
         owed = entries[2 + len(landed)]
         assert (owed["server"], owed["tool"], owed["binding"]) == (
             "tools",
             "increment",
             entries[0]["binding"],
         )
+        assert owed["detail"]["late"] is True
         if when == "before_commit":
-            assert ("completed", None, "completed") not in events  # never recorded as completed by guess
+            assert entries[3]["detail"]["late"] is True and entries[3]["epoch"] == entries[1]["epoch"]
 
         # 6. Once the client session ends, that chain verifies offline with its claim.
         deleted = await http.delete(gw.url, headers=session_headers(transport_session))
@@ -240,7 +242,7 @@ async def test_sessionless_failed_terminal_write_recovers(tmp_path: Path, tools_
         ]
         assert owed[0]["detail"]["late"] is True
         refused = await sessionless_call(http, gw.url, "tools__increment", execution_id=execution_id)
-        assert reason_of(refused) == "execution_in_flight"
+        assert reason_of(refused) == "execution_replay"  # the observed outcome was made durable (#23)
         assert counter_value(counter) == before + 1
 
         # The chain that holds the late entry is closed, with a claim that verifies offline.

@@ -134,9 +134,14 @@ class WorkerMembership:
             return candidate
         raise StoreError("could not register a fresh worker identity")
 
-    async def heartbeat_forever(self) -> None:
-        """Keep the claim fresh; a superseded worker learns it here and stops heartbeating."""
+    async def heartbeat_forever(self, on_failure: Callable[[StoreError], None] | None = None) -> None:
+        """Keep the claim fresh; a superseded worker learns it here and stops heartbeating.
+
+        ``on_failure`` hears every failed heartbeat (the store health: a heartbeat is a write
+        every ``heartbeat_s``, so a store that stopped taking writes shows within that bound).
+        """
         assert self.worker is not None
+        failing = False  # one line when heartbeats start failing, one when they work again (#23)
         while True:
             await anyio.sleep(self.heartbeat_s)
             try:
@@ -145,7 +150,16 @@ class WorkerMembership:
                 self.mark_superseded("heartbeat refused")
                 return
             except StoreError as exc:
-                logger.warning("heartbeat failed: %s", exc.message)
+                if on_failure is not None:
+                    on_failure(exc)
+                if not failing:
+                    cause = f": {exc.cause}" if exc.cause else ""
+                    logger.warning("heartbeat failed: %s%s", exc.message, cause)
+                failing = True
+            else:
+                if failing:
+                    logger.info("heartbeat works again")
+                failing = False
 
     async def check_current(self) -> None:
         """Raises :class:`StaleEpoch` (and marks this worker superseded) unless it still holds its slot.

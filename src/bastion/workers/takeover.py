@@ -257,6 +257,7 @@ async def watch_peers(
     if not interval_s > 0 or not lease_s > 0:
         raise ValueError("interval_s and lease_s must be positive")
     host = this_host if this_host is not None else local_host()
+    failing: str | None = None  # the cause of the scans failing now: one line per change (#23)
     while True:
         try:
             await scan_peers(
@@ -269,6 +270,23 @@ async def watch_peers(
                 pid_alive=pid_alive,
                 this_host=host,
             )
-        except Exception:
-            logger.exception("scanning peers for takeover failed; retrying at the next interval")
+        except Exception as exc:
+            cause = _cause_of(exc)
+            if cause != failing:
+                logger.warning(
+                    "scanning peers for takeover failed (%s); retrying every %g s", cause, interval_s
+                )
+            logger.debug("scanning peers for takeover failed", exc_info=True)
+            failing = cause
+        else:
+            if failing is not None:
+                logger.info("scanning peers for takeover works again")
+            failing = None
         await anyio.sleep(interval_s)
+
+
+def _cause_of(exc: Exception) -> str:
+    """One line about a failed scan: a store error's message and cause, else the exception's type."""
+    if isinstance(exc, StoreError):
+        return exc.message + (f": {exc.cause}" if exc.cause else "")
+    return type(exc).__name__
