@@ -489,13 +489,19 @@ class ToolCallPath:
         async def settle() -> object:
             record = await self._store.get_execution(step.agent, step.execution_id)
             if record is None or record.state is not ExecutionState.INVOKING:
+                logger.debug("owed terminal write: the row is %s already", record and record.state.value)
                 return await write_refusal()
             try:
-                return await write_all(step)
+                written = await write_all(step)
             except StaleEpoch:
                 worker, epoch = self._membership.credentials()
                 await self._report_late_write(caller, attempt, scope, step.target, worker, epoch)
                 return None
+            logger.info(
+                "owed terminal write made durable",
+                extra={"execution_id": step.execution_id, "outcome": step.target.value},
+            )
+            return written
 
         return settle
 

@@ -64,8 +64,17 @@ _RACES = (
     asyncpg.SerializationError,
     asyncpg.DeadlockDetectedError,
 )
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
-"""What the driver raises: a server error, a dead or misused connection, a socket, a timeout."""
+_DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+"""What the driver raises: a server error, a dead or misused connection, a socket, a timeout.
+
+``InternalClientError`` ("another operation is in progress") was seen on a pooled connection
+that the server had terminated (issue #23): a storage failure like the others, never a crash."""
 _Connection: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 _STATEMENT_CACHE = 256  # prepared statements kept per connection (the ops have about a hundred)
 
@@ -91,7 +100,9 @@ class PostgresStore(StoreOperations):
         cls,
         dsn: str,
         *,
-        min_size: int = 1,
+        # No floor: asyncpg restores one with a warning and a traceback per failed try, a
+        # second log in an outage (issue #23 point 5); an idle connection is kept all the same.
+        min_size: int = 0,
         max_size: int = 10,
         pool_timeout_s: float = 10.0,
         statement_timeout_s: float = 30.0,
@@ -172,11 +183,14 @@ class PostgresStore(StoreOperations):
         await _close_pool(self._pool)
 
     async def probe(self, timeout_s: float) -> None:
-        """One ``SELECT`` on a pooled connection, bounded by ``timeout_s`` (unlike a shielded read)."""
+        """One ``SELECT`` on a pooled connection; asyncpg bounds the wait for a connection and the query
+        by ``timeout_s`` each. Shielded like every read: a cancelled probe never leaves a
+        connection mid-query in the pool."""
         self._enter()
         try:
-            async with self._pool.acquire(timeout=timeout_s) as conn:
-                await conn.fetchval("SELECT version FROM schema_version", timeout=timeout_s)
+            with anyio.CancelScope(shield=True):
+                async with self._pool.acquire(timeout=timeout_s) as conn:
+                    await conn.fetchval("SELECT version FROM schema_version", timeout=timeout_s)
         except _DRIVER_ERRORS as exc:
             raise StoreError(
                 "the store could not be read", detail=_error_name(exc), cause=postgres_cause(exc)

@@ -25,6 +25,7 @@ from bastion.errors import Conflict, GenerationHeld, StaleEpoch, StoreError
 from bastion.ids import Epoch, WorkerId
 from bastion.store.base import Store
 from bastion.store.dsn import redact_argv
+from bastion.store.failure_log import FailureLog
 from bastion.workers.identity import mint_worker_id
 from bastion.workers.liveness import pid_alive, this_host
 from bastion.workers.takeover import withdraw_if_dead
@@ -141,7 +142,7 @@ class WorkerMembership:
         every ``heartbeat_s``, so a store that stopped taking writes shows within that bound).
         """
         assert self.worker is not None
-        failing = False  # one line when heartbeats start failing, one when they work again (#23)
+        log = FailureLog(logger, "heartbeat")  # one line per change (#23)
         while True:
             await anyio.sleep(self.heartbeat_s)
             try:
@@ -151,15 +152,12 @@ class WorkerMembership:
                 return
             except StoreError as exc:
                 if on_failure is not None:
-                    on_failure(exc)
-                if not failing:
-                    cause = f": {exc.cause}" if exc.cause else ""
-                    logger.warning("heartbeat failed: %s%s", exc.message, cause)
-                failing = True
+                    on_failure(exc)  # the store health says it (one line), not this loop too
+                    logger.debug("heartbeat failed: %s", exc.message)
+                else:
+                    log.failed(exc)
             else:
-                if failing:
-                    logger.info("heartbeat works again")
-                failing = False
+                log.worked()
 
     async def check_current(self) -> None:
         """Raises :class:`StaleEpoch` (and marks this worker superseded) unless it still holds its slot.

@@ -40,6 +40,7 @@ import anyio
 from bastion.errors import Conflict, StaleEpoch, StoreError
 from bastion.ids import Epoch, WorkerId
 from bastion.store.base import GenerationRecord, Store, WorkerRecord
+from bastion.store.failure_log import FailureLog
 from bastion.workers.liveness import Liveness, PidAlive, liveness_of, pid_known_dead
 from bastion.workers.liveness import this_host as local_host
 from bastion.workers.registry import WorkerRole, register_identity
@@ -257,7 +258,7 @@ async def watch_peers(
     if not interval_s > 0 or not lease_s > 0:
         raise ValueError("interval_s and lease_s must be positive")
     host = this_host if this_host is not None else local_host()
-    failing: str | None = None  # the cause of the scans failing now: one line per change (#23)
+    log = FailureLog(logger, "scanning peers for takeover")  # one line per change (#23)
     while True:
         try:
             await scan_peers(
@@ -271,22 +272,7 @@ async def watch_peers(
                 this_host=host,
             )
         except Exception as exc:
-            cause = _cause_of(exc)
-            if cause != failing:
-                logger.warning(
-                    "scanning peers for takeover failed (%s); retrying every %g s", cause, interval_s
-                )
-            logger.debug("scanning peers for takeover failed", exc_info=True)
-            failing = cause
+            log.failed(exc, note=f"; retrying every {interval_s:g} s")
         else:
-            if failing is not None:
-                logger.info("scanning peers for takeover works again")
-            failing = None
+            log.worked()
         await anyio.sleep(interval_s)
-
-
-def _cause_of(exc: Exception) -> str:
-    """One line about a failed scan: a store error's message and cause, else the exception's type."""
-    if isinstance(exc, StoreError):
-        return exc.message + (f": {exc.cause}" if exc.cause else "")
-    return type(exc).__name__
