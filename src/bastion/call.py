@@ -408,10 +408,50 @@ class ToolCallPath:
             raise
         except StoreError as exc:
             # Nothing was sent. The row is as the store left it (none, or invoking after a lost
-            # acknowledgement): refused until recovery settles it, never guessed into permission.
+            # acknowledgement): refused until storage returns, never guessed into permission;
+            # then this worker settles an invoking row it owns as recovery would (issue #23).
             # The refusal that trips degraded mode is owed to the audit like the ones after it.
-            self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
+            owed = self._owed_refusal(scope, attempt, exc)
+            if step is not None and owed is not None:
+                owed = self._owed_admission(caller, attempt, scope, execution_id, exc, owed)
+            self._health.failed(exc, owed=owed)
             raise
+
+    def _owed_admission(
+        self,
+        caller: Caller,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+        execution_id: ExecutionId,
+        exc: StoreError,
+        owed_refusal: Callable[[], Awaitable[object]],
+    ) -> Callable[[], Awaitable[object]]:
+        """What a failed admission write owes once storage returns (issue #23 point 3).
+
+        The write may have landed (a lost acknowledgement): then the row is ``invoking`` under this
+        attempt's call, nothing was sent, and nobody will settle it while this worker lives. It
+        becomes ``outcome_unknown``, as recovery would make it, under this worker's epoch, with the
+        refusal and the outcome entry (late) in one transaction. Otherwise only the refusal is owed.
+        """
+        settle_step = ExecutionStep(caller.agent, execution_id, ExecutionState.OUTCOME_UNKNOWN)
+        outcome = (
+            AuditEvent.OUTCOME_UNKNOWN,
+            {
+                **attempt.fields(),
+                "outcome": ExecutionState.OUTCOME_UNKNOWN.value,
+                "reason": "admission_write_failed",
+            },
+        )
+        write_settled = scope.owe([self._refusal(attempt, exc), outcome])
+
+        async def settle() -> object:
+            record = await self._store.get_execution(caller.agent, execution_id)
+            mine = record is not None and record.call_id == attempt.call_id
+            if not mine or record is None or record.state is not ExecutionState.INVOKING:
+                return await owed_refusal()
+            return await write_settled(settle_step)
+
+        return settle
 
     async def _finish(
         self,

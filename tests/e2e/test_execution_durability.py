@@ -251,6 +251,38 @@ async def test_sessionless_failed_terminal_write_recovers(tmp_path: Path, tools_
         assert code == EXIT_OK, output
 
 
+async def test_a_lost_admission_acknowledgement_is_settled_as_recovery_would(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
+    """The admission landed but was reported failed: nothing was sent; once storage is back, the
+    live replica makes the row ``outcome_unknown`` (as recovery would) and the retry is a replay."""
+    counter = tools_upstream.counter_file
+    made: list[FaultyStore] = []
+
+    def wrap(inner: Store) -> Store:
+        made.append(FaultyStore(inner, fail_at="reserve_execution", when="after_commit", times=1))
+        return made[-1]
+
+    config = {**gateway_config(tmp_path, tools_upstream.url), "auth": auth_table()}
+    snapshot = snapshot_from_mapping(config, source=None, version="lost-ack")
+    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data", store_factory=wrap))
+    async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=30) as http:
+        gateway: Gateway = app.state.gateway
+        before = counter_value(counter)
+        failed = await sessionless_call(http, url, "tools__increment", execution_id="lost-ack")
+        assert reason_of(failed) == "not_durable", failed
+        await wait_until_recovered(http, url)
+        assert gateway.store is not None
+        record = await gateway.store.get_execution(AgentId("alice"), ExecutionId("lost-ack"))
+        assert record is not None and record.state is ExecutionState.OUTCOME_UNKNOWN
+        retry = await sessionless_call(http, url, "tools__increment", execution_id="lost-ack")
+        assert reason_of(retry) == "execution_replay", retry
+        assert retry["error"]["data"]["earlier_outcome"] == "outcome_unknown"
+    assert counter_value(counter) == before  # never sent, never re-sent
+    owed = [(e["event"], e["reason"]) for e in entries_with(tmp_path / "data", "lost-ack") if e["detail"]]
+    assert ("outcome_unknown", "admission_write_failed") in owed, owed
+
+
 def entries_of_call(data_dir: Path, call_id: str) -> list[dict[str, Any]]:
     """Every audit entry of one attempt, across chains (read-only, straight from the SQLite file)."""
     uri = f"file:{data_dir / 'bastion.db'}?mode=ro"
