@@ -24,16 +24,21 @@ def postgres_cluster() -> Iterator[ThrowawayCluster]:
     Missing PostgreSQL skips the tests that need it on a developer's machine
     and fails them in CI (``CI=true``), where ``.ci/run`` installs it.
     """
-    try:
-        cluster = ThrowawayCluster.start()
-    except PostgresUnavailable as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"PostgreSQL is required in CI: {exc}")
-        pytest.skip(f"PostgreSQL is not installed: {exc}")
+    cluster = start_cluster_or_skip()
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+def start_cluster_or_skip(*, durable: bool = False) -> ThrowawayCluster:
+    """A new throwaway cluster; skips without PostgreSQL locally, fails in CI (``CI=true``)."""
+    try:
+        return ThrowawayCluster.start(durable=durable)
+    except PostgresUnavailable as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"PostgreSQL is required in CI: {exc}")
+        pytest.skip(f"PostgreSQL is not installed: {exc}")
 
 
 def schema_name(tmp_path: Path) -> str:

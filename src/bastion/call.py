@@ -529,10 +529,50 @@ class ToolCallPath:
             raise
         except StoreError as exc:
             # Nothing was sent. The row is as the store left it (none, or invoking after a lost
-            # acknowledgement): refused until recovery settles it, never guessed into permission.
+            # acknowledgement): refused until storage returns, never guessed into permission;
+            # then this worker settles an invoking row it owns as recovery would (issue #23).
             # The refusal that trips degraded mode is owed to the audit like the ones after it.
-            self._health.failed(exc, owed=self._owed_refusal(scope, attempt, exc))
+            owed = self._owed_refusal(scope, attempt, exc)
+            if step is not None and owed is not None:
+                owed = self._owed_admission(caller, attempt, scope, execution_id, exc, owed)
+            self._health.failed(exc, owed=owed)
             raise
+
+    def _owed_admission(
+        self,
+        caller: Caller,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+        execution_id: ExecutionId,
+        exc: StoreError,
+        owed_refusal: Callable[[], Awaitable[object]],
+    ) -> Callable[[], Awaitable[object]]:
+        """What a failed admission write owes once storage returns (issue #23 point 3).
+
+        The write may have landed (a lost acknowledgement): then the row is ``invoking`` under this
+        attempt's call, nothing was sent, and nobody will settle it while this worker lives. It
+        becomes ``outcome_unknown``, as recovery would make it, under this worker's epoch, with the
+        refusal and the outcome entry (late) in one transaction. Otherwise only the refusal is owed.
+        """
+        settle_step = ExecutionStep(caller.agent, execution_id, ExecutionState.OUTCOME_UNKNOWN)
+        outcome = (
+            AuditEvent.OUTCOME_UNKNOWN,
+            {
+                **attempt.fields(),
+                "outcome": ExecutionState.OUTCOME_UNKNOWN.value,
+                "reason": "admission_write_failed",
+            },
+        )
+        write_settled = scope.owe([self._refusal(attempt, exc), outcome])
+
+        async def settle() -> object:
+            record = await self._store.get_execution(caller.agent, execution_id)
+            mine = record is not None and record.call_id == attempt.call_id
+            if not mine or record is None or record.state is not ExecutionState.INVOKING:
+                return await owed_refusal()
+            return await write_settled(settle_step)
+
+        return settle
 
     async def _finish(
         self,
@@ -568,15 +608,15 @@ class ToolCallPath:
             await self._report_late_write(caller, attempt, scope, state, worker, epoch)
             raise StaleEpoch(exc.message, observed_outcome=state.value, execution_id=execution_id) from exc
         except StoreError as exc:
-            # Not durable: the row stays invoking (refused forever), never terminal by guess.
-            owed = [
-                *batch[:-1],
-                (
-                    AuditEvent.REFUSED,
-                    {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value},
-                ),
-            ]
-            self._health.failed(exc, owed=scope.owe(owed))
+            # Not durable: the row stays invoking (refused) until storage returns; then this
+            # worker makes the outcome it observed durable under its own epoch (issue #23).
+            refusal = (
+                AuditEvent.REFUSED,
+                {**attempt.fields(), "reason": "terminal_write_failed", "outcome": state.value},
+            )
+            self._health.failed(
+                exc, owed=self._owed_terminal(caller, attempt, scope, step, batch[:-1], refusal, batch[-1])
+            )
             raise NotDurable(
                 "The outcome could not be made durable; this execution_id stays refused",
                 observed_outcome=state.value,
@@ -584,6 +624,47 @@ class ToolCallPath:
             ) from exc
         if entries:
             attempt.last = entries[-1]
+
+    def _owed_terminal(
+        self,
+        caller: Caller,
+        attempt: _Attempt,
+        scope: EvidenceScope,
+        step: ExecutionStep,
+        pending: list[tuple[AuditEvent, dict[str, Any]]],
+        refusal: tuple[AuditEvent, dict[str, Any]],
+        outcome: tuple[AuditEvent, dict[str, Any]],
+    ) -> Callable[[], Awaitable[object]]:
+        """The terminal write owed once storage returns (issue #23 point 3), as recovery would make it.
+
+        Run by ``store/health.py`` after its probe write succeeded: the row still ``invoking``
+        moves to the outcome this worker observed, under this worker's epoch then, with the
+        entries owed and the outcome's entry in one transaction (each marked late). A row already
+        terminal (the failed write had landed after all, with its entries) gets the refusal alone; a stale
+        epoch (a peer recovered this generation meanwhile) hands the outcome to the late-write
+        report, as a superseded worker's would be.
+        """
+        write_refusal = scope.owe([refusal])
+        write_all = scope.owe([*pending, refusal, outcome])
+
+        async def settle() -> object:
+            record = await self._store.get_execution(step.agent, step.execution_id)
+            if record is None or record.state is not ExecutionState.INVOKING:
+                logger.debug("owed terminal write: the row is %s already", record and record.state.value)
+                return await write_refusal()
+            try:
+                written = await write_all(step)
+            except StaleEpoch:
+                worker, epoch = self._membership.credentials()
+                await self._report_late_write(caller, attempt, scope, step.target, worker, epoch)
+                return None
+            logger.info(
+                "owed terminal write made durable",
+                extra={"execution_id": step.execution_id, "outcome": step.target.value},
+            )
+            return written
+
+        return settle
 
     async def _release(self, caller: Caller, attempt: _Attempt, scope: EvidenceScope) -> None:
         assert attempt.envelope.execution_id is not None

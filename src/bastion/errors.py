@@ -26,6 +26,7 @@
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
     │  └─ UpstreamResponseTooLarge (an UpstreamProtocolError: a message over servers.NAME.max_response_bytes)
     └─ StoreError             StaleEpoch   NotDurable   Conflict   GenerationHeld (start refused)
+                              StoreMissing   StoreForeign (start refused: issue #23)
 
 Checks raise; ``transport/`` renders. Every concrete class has a stable
 ``reason`` (a member of :class:`Reason`), a JSON-RPC code and an HTTP status,
@@ -83,6 +84,8 @@ __all__ = [
     "SessionStoreUnavailable",
     "StaleEpoch",
     "StoreError",
+    "StoreForeign",
+    "StoreMissing",
     "TaskRequired",
     "TooManySessions",
     "Unauthenticated",
@@ -155,6 +158,8 @@ class Reason(enum.StrEnum):
     NOT_DURABLE = "not_durable"
     CONFLICT = "conflict"
     GENERATION_HELD = "generation_held"
+    STORE_MISSING = "store_missing"
+    STORE_FOREIGN = "store_foreign"
 
 
 class BastionError(Exception):
@@ -593,3 +598,19 @@ class GenerationHeld(StoreError):
     reason = Reason.GENERATION_HELD
     jsonrpc_code = -32074
     default_message = "The generation is held by a live worker"
+
+
+class StoreMissing(StoreError):
+    """Start-up refused: a used data directory lost its store file (deleted or emptied, issue #23)."""
+
+    reason = Reason.STORE_MISSING
+    jsonrpc_code = -32075
+    default_message = "The store file of a used data directory is missing or empty"
+
+
+class StoreForeign(StoreError):
+    """Start-up refused: the store belongs to another data directory (another signing key, issue #23)."""
+
+    reason = Reason.STORE_FOREIGN
+    jsonrpc_code = -32076
+    default_message = "The store belongs to another data directory"

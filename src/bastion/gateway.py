@@ -73,8 +73,9 @@ from bastion.session.shared import SharedSessions
 from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
+from bastion.store.ownership import check_store_file, claim_store
 from bastion.store.replicas import ChangeKind
-from bastion.store.select import open_store
+from bastion.store.select import SQLITE_FILE, open_store
 from bastion.tracing import Tracing
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
@@ -126,6 +127,9 @@ class RuntimeOptions:
     # Benchmarks only: turns the audit chain off (`bastion serve --unsafe-no-audit`); warned at start.
     unsafe_no_audit: bool = False
     store_factory: Callable[[Store], Store] | None = None  # tests wrap the store (FaultyStore)
+    # `bastion serve --discard-store-and-start-empty`: a used data directory's missing or empty
+    # SQLite file starts a new, empty store instead of refusing the start (store/ownership.py).
+    discard_store: bool = False
 
 
 def _build_digest() -> str:
@@ -266,6 +270,8 @@ class Gateway:
         self._task_group = task_group
         options = self.options
         options.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if options.store_url is None:  # issue #23: a used data directory never starts a fresh file
+            check_store_file(options.data_dir / SQLITE_FILE, options.data_dir, discard=options.discard_store)
         store: Store = await open_store(options.store_url, options.data_dir)
         if options.store_factory is not None:
             store = options.store_factory(store)
@@ -273,6 +279,14 @@ class Gateway:
         # One credential, one role: a configured token that is also a store credential is refused.
         await check_store_roles(self.policy.current, store)
         self.keyring = Keyring.open(options.data_dir)
+        await claim_store(
+            store,
+            active_key=self.keyring.key_id,
+            known_keys=(key.key_id for key in self.keyring.verifying_keys()),
+            data_dir=options.data_dir,
+            shared=options.store_url is not None,
+            now=datetime.now(UTC),
+        )
         if not options.tsm_root.is_dir():
             self._tsm_reason = f"configfs-tsm is not available at {options.tsm_root}"
             logger.warning(
@@ -377,8 +391,8 @@ class Gateway:
         self._runtime_hook = self.runtimes.process_hook(self.policy.current.version)
         task_group.start_soon(self.runtimes.run)  # ended by runtimes.settle() at shutdown
         await self.fleet.start(task_group)
-        self.background.start_soon(task_group, self.membership.heartbeat_forever)
-        self.background.start_soon(task_group, self.health.watch, self._probe_store)
+        self.background.start_soon(task_group, self.membership.heartbeat_forever, self.health.failed)
+        self.background.start_soon(task_group, self.health.watch, self._probe_store, store.probe)
         self.background.start_soon(task_group, self._sweep_idle)
         self.background.start_soon(task_group, self.shared_evidence.sweep_forever)
         # --- issue #5 (workers/takeover.py): peer takeover. As a survivor, take over a peer's
@@ -957,6 +971,7 @@ class Gateway:
             "store": {
                 "degraded": self.health.degraded,
                 "reason": self.health.degraded_reason,
+                "cause": self.health.degraded_cause,
                 "audit_owed": len(self.health.deferred),
             },
             "worker": {

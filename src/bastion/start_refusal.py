@@ -24,6 +24,8 @@ def start_refusal_line(exc: BaseException) -> str:
     if isinstance(exc, BastionError):
         detail = exc.data.get("detail")
         text = f"{exc.reason.value}: {exc.message}" + (f" ({detail})" if detail else "")
+        if exc.cause:  # a named cause (issue #23: "authentication refused by PostgreSQL"), no secret
+            text += f": {exc.cause}"
     elif isinstance(exc, OSError):
         where = f" {exc.filename}" if exc.filename else ""
         text = f"{type(exc).__name__}:{where} {exc.strerror or exc}"

@@ -163,16 +163,14 @@ async def test_failed_terminal_write_never_allows_a_second_invocation(
         detail = await wait_until_recovered(http, gw.url)
         assert detail["store"]["audit_owed"] == 0
 
-        # 4. The execution is still refused: stuck in flight (never terminal by guess), or a replay.
+        # 4. The execution is still refused, now as a replay: the outcome this replica observed was
+        # made durable once storage returned (issue #23), or had landed after all.
         again = await session_call(
             http, gw.url, transport_session, "tools__increment", execution_id=execution_id
         )
-        if when == "before_commit":
-            assert reason_of(again) == "execution_in_flight", again
-            assert await gw.state(execution_id) is ExecutionState.INVOKING
-        else:
-            assert reason_of(again) == "execution_replay", again
-            assert again["error"]["data"]["earlier_outcome"] == "completed"
+        assert reason_of(again) == "execution_replay", again
+        assert again["error"]["data"]["earlier_outcome"] == "completed"
+        assert await gw.state(execution_id) is ExecutionState.COMPLETED
         assert counter_value(counter) == before + 1
         admitted = await session_call(
             http, gw.url, transport_session, "tools__echo", execution_id=f"{execution_id}-after"
@@ -187,23 +185,27 @@ async def test_failed_terminal_write_never_allows_a_second_invocation(
         ]
         events = [(e["event"], e["reason"], e["outcome"]) for e in entries]
         # The terminal row and its entry are one write: after the commit both landed (and the
-        # owed refusal says the client was told otherwise); before it, neither did.
+        # owed refusal says the client was told otherwise); before it, neither did, and both
+        # are written late, once storage returned: the refusal, then the observed outcome.
         landed = [("completed", None, "completed")] if when == "after_commit" else []
-        assert events[: 3 + len(landed)] == [
+        written_late = [("completed", None, "completed")] if when == "before_commit" else []
+        assert events[:4] == [
             ("admitted", None, None),
             ("invoking", None, None),
             *landed,
             ("refused", "terminal_write_failed", "completed"),
+            *written_late,
         ]
-        assert len({e["call_id"] for e in entries[: 3 + len(landed)]}) == 1
+        assert len({e["call_id"] for e in entries[:4]}) == 1
         owed = entries[2 + len(landed)]
         assert (owed["server"], owed["tool"], owed["binding"]) == (
             "tools",
             "increment",
             entries[0]["binding"],
         )
+        assert owed["detail"]["late"] is True
         if when == "before_commit":
-            assert ("completed", None, "completed") not in events  # never recorded as completed by guess
+            assert entries[3]["detail"]["late"] is True and entries[3]["epoch"] == entries[1]["epoch"]
 
         # 6. Once the client session ends, that chain verifies offline with its claim.
         deleted = await http.delete(gw.url, headers=session_headers(transport_session))
@@ -240,13 +242,45 @@ async def test_sessionless_failed_terminal_write_recovers(tmp_path: Path, tools_
         ]
         assert owed[0]["detail"]["late"] is True
         refused = await sessionless_call(http, gw.url, "tools__increment", execution_id=execution_id)
-        assert reason_of(refused) == "execution_in_flight"
+        assert reason_of(refused) == "execution_replay"  # the observed outcome was made durable (#23)
         assert counter_value(counter) == before + 1
 
         # The chain that holds the late entry is closed, with a claim that verifies offline.
         bundle, claim = await save_evidence(http, gw.url, owed[0]["session_id"], tmp_path)
         code, output = verify_quietly(bundle, claim, write_public_key(gw.data_dir, tmp_path / "gateway.pem"))
         assert code == EXIT_OK, output
+
+
+async def test_a_lost_admission_acknowledgement_is_settled_as_recovery_would(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
+    """The admission landed but was reported failed: nothing was sent; once storage is back, the
+    live replica makes the row ``outcome_unknown`` (as recovery would) and the retry is a replay."""
+    counter = tools_upstream.counter_file
+    made: list[FaultyStore] = []
+
+    def wrap(inner: Store) -> Store:
+        made.append(FaultyStore(inner, fail_at="reserve_execution", when="after_commit", times=1))
+        return made[-1]
+
+    config = {**gateway_config(tmp_path, tools_upstream.url), "auth": auth_table()}
+    snapshot = snapshot_from_mapping(config, source=None, version="lost-ack")
+    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data", store_factory=wrap))
+    async with serve_on_loopback(app) as url, httpx.AsyncClient(timeout=30) as http:
+        gateway: Gateway = app.state.gateway
+        before = counter_value(counter)
+        failed = await sessionless_call(http, url, "tools__increment", execution_id="lost-ack")
+        assert reason_of(failed) == "not_durable", failed
+        await wait_until_recovered(http, url)
+        assert gateway.store is not None
+        record = await gateway.store.get_execution(AgentId("alice"), ExecutionId("lost-ack"))
+        assert record is not None and record.state is ExecutionState.OUTCOME_UNKNOWN
+        retry = await sessionless_call(http, url, "tools__increment", execution_id="lost-ack")
+        assert reason_of(retry) == "execution_replay", retry
+        assert retry["error"]["data"]["earlier_outcome"] == "outcome_unknown"
+    assert counter_value(counter) == before  # never sent, never re-sent
+    owed = [(e["event"], e["reason"]) for e in entries_with(tmp_path / "data", "lost-ack") if e["detail"]]
+    assert ("outcome_unknown", "admission_write_failed") in owed, owed
 
 
 def entries_of_call(data_dir: Path, call_id: str) -> list[dict[str, Any]]:

@@ -181,7 +181,7 @@ class GatewayProcess:
 
 @contextlib.asynccontextmanager
 async def gateway_process(
-    config: Path, data_dir: Path, generation: str, log: Path
+    config: Path, data_dir: Path, generation: str, log: Path, *extra: str
 ) -> AsyncIterator[GatewayProcess]:
     command = [
         str(BIN / "bastion"),
@@ -200,6 +200,7 @@ async def gateway_process(
         str(LEASE_S),
         "--heartbeat-s",
         str(LEASE_S * 0.3),
+        *extra,
     ]
     process = await anyio.open_process(command, cwd=REPO)
     async with anyio.create_task_group() as tg:

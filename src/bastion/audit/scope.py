@@ -19,7 +19,10 @@ from bastion.audit.recorder import EVENT_AT, EvidenceRecorder, EvidenceSession
 from bastion.ids import AgentId
 from bastion.store.base import ExecutionStep
 
-__all__ = ["EvidenceScope"]
+__all__ = ["EvidenceScope", "Owed"]
+
+# A deferred write of owed entries; given a step, the execution transition owed with them.
+Owed = Callable[..., Awaitable[list[AuditEntry]]]
 
 
 class EvidenceScope:
@@ -93,7 +96,7 @@ class EvidenceScope:
         if self._evidence is not None:
             self._recorder.end_call(self._evidence, call_id)
 
-    def owe(self, batch: list[tuple[AuditEvent, dict[str, Any]]]) -> Callable[[], Awaitable[object]]:
+    def owe(self, batch: list[tuple[AuditEvent, dict[str, Any]]]) -> Owed:
         """The deferred write of entries owed since storage failed (``store/health.py``), stamped now.
 
         Written later, each entry's ``ts`` is its write time (the chain's order) and its
@@ -102,18 +105,25 @@ class EvidenceScope:
         """
         event_ts = format_ts(self._recorder.now())
 
-        async def write() -> list[AuditEntry]:
-            return await self.record_owed_many(batch, event_ts=event_ts)
+        async def write(step: ExecutionStep | None = None) -> list[AuditEntry]:
+            return await self.record_owed_many(batch, event_ts=event_ts, step=step)
 
         return write
 
     async def record_owed_many(
-        self, batch: list[tuple[AuditEvent, dict[str, Any]]], *, event_ts: str | None = None
+        self,
+        batch: list[tuple[AuditEvent, dict[str, Any]]],
+        *,
+        event_ts: str | None = None,
+        step: ExecutionStep | None = None,
     ) -> list[AuditEntry]:
         """Write entries owed since storage failed: into this chain if it is still open, else into
         a chain of their own (the original evidence session has closed meanwhile). Each is marked
-        ``detail.late`` (with ``detail.event_ts`` when known)."""
+        ``detail.late`` (with ``detail.event_ts`` when known). ``step``: the execution transition
+        owed with them (a terminal write that failed, issue #23), in the same transaction."""
         if self._unsafe_disabled:
+            if step is not None:
+                await self._recorder.step_alone(step)
             return []
         stamp: dict[str, Any] = {"late": True} if event_ts is None else {"late": True, "event_ts": event_ts}
         # Written late, an entry's ts is its write time (the chain's order): its event time, if it
@@ -129,9 +139,9 @@ class EvidenceScope:
             for event, fields in batch
         ]
         if not self.closed and (self._evidence is None or not self._evidence.closed):
-            return await self.record_many(marked)
+            return await self.record_many(marked, step=step)
         late = EvidenceScope(self._recorder, self.agent, policy_version=self._policy_version)
-        entries = await late.record_many(marked)
+        entries = await late.record_many(marked, step=step)
         await late.close(CloseReason.REQUEST_END)
         return entries
 

@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--generation", default="gateway-0", help="this replica's slot (unique per replica)")
     serve.add_argument("--unsafe-no-audit", action="store_true", help="benchmarks only: no audit chain")
     serve.add_argument(
+        "--discard-store-and-start-empty",
+        action="store_true",
+        help="a used data directory whose store file is missing or empty starts a new, empty store"
+        " (its execution history, chains and claims are gone); without it such a start is refused",
+    )
+    serve.add_argument(
         "--lease-s", type=float, default=10.0, help="worker lease: a silent holder loses its slot"
     )
     serve.add_argument("--heartbeat-s", type=float, default=2.0, help="heartbeat interval (below the lease)")
@@ -172,6 +178,7 @@ def _run(argv: list[str] | None) -> int:
             evidence_max_age_s=args.evidence_max_age_s,
             sessionless_evidence_max_age_s=args.sessionless_evidence_max_age_s,
             store=args.store,
+            discard_store=args.discard_store_and_start_empty,
         )
     if args.command == "check-config":
         from bastion.errors import ConfigError

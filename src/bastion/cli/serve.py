@@ -62,6 +62,7 @@ def run_serve(
     evidence_max_age_s: float = 3600.0,
     sessionless_evidence_max_age_s: float = 60.0,
     store: str | None = None,
+    discard_store: bool = False,
 ) -> int:
     if (
         not 0 < heartbeat_s < lease_s
@@ -117,6 +118,7 @@ def run_serve(
             store_url=store_url,
             generation=generation,
             unsafe_no_audit=unsafe_no_audit,
+            discard_store=discard_store,
             lease_s=lease_s,
             heartbeat_s=heartbeat_s,
             evidence_max_entries=evidence_max_entries,

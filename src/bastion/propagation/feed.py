@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import anyio
 
 from bastion.errors import StoreError
+from bastion.store.failure_log import FailureLog
 from bastion.store.replicas import Change, ReplicaRecords
 
 __all__ = ["POLL_INTERVAL_S", "ChangeFeed", "PollingChangeFeed", "notifications_for"]
@@ -75,6 +76,7 @@ class PollingChangeFeed:
         self._interval_s = interval_s
         self._cursor: int | None = None
         self._nudged = anyio.Event()
+        self._failures = FailureLog(logger, "change feed read")  # one line per change (#23)
 
     @property
     def cursor(self) -> int | None:
@@ -105,8 +107,9 @@ class PollingChangeFeed:
             try:
                 batch = await self._store.changes_after(self._cursor, limit=_BATCH)
             except StoreError as exc:
-                logger.warning("change feed not read: %s", exc.message)
+                self._failures.failed(exc)
                 return applied
+            self._failures.worked()
             for change in batch:
                 try:
                     await apply(change)

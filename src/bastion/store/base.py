@@ -201,6 +201,15 @@ class ChainInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreOwner:
+    """A signing key that this store belongs to, and the data directory it was in (issue #23)."""
+
+    key_id: str
+    data_dir: str
+    joined: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerRecord:
     """One registered worker identity: its launch provenance, heartbeat and claim.
 
@@ -366,6 +375,24 @@ class Store(ReplicaRecords, TokenBucketStore, Protocol):
         ...
 
     async def get_worker(self, worker_id: WorkerId) -> WorkerRecord | None: ...
+
+    # ------------------------------------------------------------ ownership and health (issue #23)
+
+    async def probe(self, timeout_s: float) -> None:
+        """One cheap read that proves the store answers now.
+
+        Raises :class:`StoreError` (with its ``cause`` when one is known) when it
+        does not answer, or not within ``timeout_s``.
+        """
+        ...
+
+    async def store_owners(self) -> list[StoreOwner]:
+        """The signing keys this store belongs to, the first one first (``store/ownership.py``)."""
+        ...
+
+    async def add_store_owner(self, key_id: str, data_dir: str, *, now: datetime) -> None:
+        """Record that the key ``key_id`` (of ``data_dir``) uses this store; a known key is left as it is."""
+        ...
 
     async def get_generation(self, generation: str) -> GenerationRecord | None: ...
 

@@ -16,8 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
+import anyio
+
 from bastion.admission.states import ExecutionState
 from bastion.audit.entry import AuditEntry
+from bastion.errors import StoreError
 from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
 from bastion.store.base import (
     AgentSessionRecord,
@@ -32,9 +35,10 @@ from bastion.store.base import (
     GenerationRecord,
     RecoveredExecution,
     ReserveOutcome,
+    StoreOwner,
     WorkerRecord,
 )
-from bastion.store.ops import agent_sessions, chains, executions, token_buckets, workers
+from bastion.store.ops import agent_sessions, chains, executions, owners, token_buckets, workers
 from bastion.store.replica_operations import ReplicaRecordOperations
 from bastion.store.rows import (
     SELECT_CHAIN,
@@ -43,6 +47,7 @@ from bastion.store.rows import (
     check_binding,
     check_digest,
     dumps,
+    from_us,
     generation_from_row,
     to_us,
 )
@@ -93,6 +98,23 @@ class StoreOperations(ReplicaRecordOperations):
             return None if row is None else generation_from_row(row)
 
         return await self._read(op)
+
+    # ------------------------------------------------------------ ownership and health (issue #23)
+
+    async def probe(self, timeout_s: float) -> None:
+        try:
+            with anyio.fail_after(timeout_s):
+                await self._read(owners.probe)
+        except TimeoutError:
+            raise StoreError("the store did not answer", cause=f"no answer within {timeout_s:g} s") from None
+
+    async def store_owners(self) -> list[StoreOwner]:
+        found = await self._read(owners.list_owners)
+        return [StoreOwner(str(key), str(where), from_us(int(us))) for key, where, us in found]
+
+    async def add_store_owner(self, key_id: str, data_dir: str, *, now: datetime) -> None:
+        now_us = to_us(now)
+        await self._write(lambda: owners.add_owner(key_id, data_dir, now_us))
 
     # ------------------------------------------------------------ worker registry
 

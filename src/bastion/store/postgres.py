@@ -64,8 +64,17 @@ _RACES = (
     asyncpg.SerializationError,
     asyncpg.DeadlockDetectedError,
 )
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
-"""What the driver raises: a server error, a dead or misused connection, a socket, a timeout."""
+_DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+"""What the driver raises: a server error, a dead or misused connection, a socket, a timeout.
+
+``InternalClientError`` ("another operation is in progress") was seen on a pooled connection
+that the server had terminated (issue #23): a storage failure like the others, never a crash."""
 _Connection: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 _STATEMENT_CACHE = 256  # prepared statements kept per connection (the ops have about a hundred)
 
@@ -91,7 +100,9 @@ class PostgresStore(StoreOperations):
         cls,
         dsn: str,
         *,
-        min_size: int = 1,
+        # No floor: asyncpg restores one with a warning and a traceback per failed try, a
+        # second log in an outage (issue #23 point 5); an idle connection is kept all the same.
+        min_size: int = 0,
         max_size: int = 10,
         pool_timeout_s: float = 10.0,
         statement_timeout_s: float = 30.0,
@@ -127,7 +138,10 @@ class PostgresStore(StoreOperations):
         except _DRIVER_ERRORS as exc:
             await _close_pool(pool)
             raise StoreError(
-                "cannot open the PostgreSQL store", store=redacted, detail=_error_name(exc)
+                "cannot open the PostgreSQL store",
+                store=redacted,
+                detail=_error_name(exc),
+                cause=postgres_cause(exc),
             ) from None
         except BaseException:
             await _close_pool(pool)
@@ -168,6 +182,22 @@ class PostgresStore(StoreOperations):
             await self._idle.wait()
         await _close_pool(self._pool)
 
+    async def probe(self, timeout_s: float) -> None:
+        """One ``SELECT`` on a pooled connection; asyncpg bounds the wait for a connection and the query
+        by ``timeout_s`` each. Shielded like every read: a cancelled probe never leaves a
+        connection mid-query in the pool."""
+        self._enter()
+        try:
+            with anyio.CancelScope(shield=True):
+                async with self._pool.acquire(timeout=timeout_s) as conn:
+                    await conn.fetchval("SELECT version FROM schema_version", timeout=timeout_s)
+        except _DRIVER_ERRORS as exc:
+            raise StoreError(
+                "the store could not be read", detail=_error_name(exc), cause=postgres_cause(exc)
+            ) from None
+        finally:
+            self._leave()
+
     # ------------------------------------------------------------ the engine
 
     async def _write(self, op: OpFactory[T]) -> T:
@@ -201,7 +231,9 @@ class PostgresStore(StoreOperations):
             with anyio.CancelScope(shield=True):
                 result = await self._read_once(op, snapshot)
         except _DRIVER_ERRORS as exc:
-            raise StoreError("the store could not be read", detail=_error_name(exc)) from None
+            raise StoreError(
+                "the store could not be read", detail=_error_name(exc), cause=postgres_cause(exc)
+            ) from None
         finally:
             self._leave()
         return result
@@ -324,7 +356,31 @@ def _error_name(exc: BaseException) -> str:
 def _translate_write(exc: BaseException) -> StoreError:
     if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
         return Conflict("the write violates a store constraint", detail=_error_name(exc))
-    return NotDurable("the write could not be made durable", detail=_error_name(exc))
+    return NotDurable(
+        "the write could not be made durable", detail=_error_name(exc), cause=postgres_cause(exc)
+    )
+
+
+def postgres_cause(exc: BaseException) -> str | None:
+    """What an operator should read about a driver error (issue #23 point 4); never a secret.
+
+    The distinguishable causes are named; any other is ``None`` (``detail`` keeps its name).
+    """
+    if isinstance(exc, asyncpg.InvalidPasswordError):
+        return "authentication refused by PostgreSQL (password rejected)"
+    if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
+        return "authentication refused by PostgreSQL (role or connection not authorized)"
+    if isinstance(exc, asyncpg.DiskFullError):
+        return "disk full at the PostgreSQL server"
+    if isinstance(exc, asyncpg.OperatorInterventionError):  # shutting down, or not yet accepting
+        return "PostgreSQL is shutting down or starting up"
+    if isinstance(exc, ConnectionRefusedError | FileNotFoundError):
+        return "connection refused: PostgreSQL is not listening"
+    if isinstance(exc, asyncpg.ConnectionDoesNotExistError | ConnectionError | asyncpg.InterfaceError):
+        return "the connection to PostgreSQL was lost"
+    if isinstance(exc, TimeoutError):
+        return "PostgreSQL did not answer in time"
+    return None
 
 
 async def apply_migrations(conn: _Connection, *, target: int | None = None) -> int:

@@ -17,6 +17,7 @@ from typing import NoReturn
 import anyio
 import asyncpg
 
+from bastion.store.failure_log import FailureLog
 from bastion.store.migrations.postgres_0004_replicas import CHANNEL
 from bastion.store.postgres import PostgresStore
 
@@ -29,13 +30,19 @@ async def listen_for_changes(
     store: PostgresStore, nudge: Callable[[], None], *, retry_s: float = 1.0
 ) -> NoReturn:
     """Run until cancelled: each notification on the feed's channel calls ``nudge``."""
+    log = FailureLog(logger, "listening for change notifications")  # one line per change (#23)
+
+    def listening() -> None:
+        log.worked()
+        nudge()
+
     while True:
         try:
-            await _listen_until_lost(store, nudge)
-            detail = "connection closed"
+            await _listen_until_lost(store, listening)
+            lost: BaseException = ConnectionError("connection closed")
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-            detail = type(exc).__name__
-        logger.warning("change notifications lost; polling meanwhile", extra={"detail": detail})
+            lost = exc
+        log.failed(lost, note="; polling meanwhile")
         await anyio.sleep(retry_s)
 
 

@@ -116,7 +116,9 @@ class SqliteStore(StoreOperations):
                 conn.close()
                 if isinstance(exc, sqlite3.Error):
                     raise StoreError(
-                        f"cannot open the store file {filename}", detail=f"{type(exc).__name__}: {exc}"
+                        f"cannot open the store file {filename}",
+                        detail=f"{type(exc).__name__}: {exc}",
+                        cause=sqlite_cause(exc),
                     ) from exc
                 raise
             return conn
@@ -219,7 +221,12 @@ class SqliteStore(StoreOperations):
         try:
             _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"), self._busy_timeout_s)
         except sqlite3.Error as exc:
-            _fail_all(batch, NotDurable("the store is busy or unwritable", detail=type(exc).__name__))
+            _fail_all(
+                batch,
+                NotDurable(
+                    "the store is busy or unwritable", detail=type(exc).__name__, cause=sqlite_cause(exc)
+                ),
+            )
             return
         try:
             if not _run_plain(conn, batch):
@@ -232,7 +239,12 @@ class SqliteStore(StoreOperations):
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-            _fail_all(batch, NotDurable("the write could not be made durable", detail=type(exc).__name__))
+            _fail_all(
+                batch,
+                NotDurable(
+                    "the write could not be made durable", detail=type(exc).__name__, cause=sqlite_cause(exc)
+                ),
+            )
             return
         self._transactions += 1
         self._writes += len(batch)
@@ -254,7 +266,11 @@ class SqliteStore(StoreOperations):
         try:
             return await anyio.to_thread.run_sync(run)
         except sqlite3.Error as exc:
-            raise StoreError("the store could not be read", detail=type(exc).__name__) from exc
+            raise StoreError(
+                f"the store file {self._path} could not be read",
+                detail=type(exc).__name__,
+                cause=sqlite_cause(exc),
+            ) from exc
         finally:
             if conn is not None:
                 if self._closed:
@@ -365,7 +381,9 @@ def _translate(exc: Exception) -> BaseException:
     if isinstance(exc, sqlite3.IntegrityError):
         return Conflict("the write violates a store constraint", detail=type(exc).__name__)
     if isinstance(exc, sqlite3.Error):
-        return NotDurable("the write could not be made durable", detail=type(exc).__name__)
+        return NotDurable(
+            "the write could not be made durable", detail=type(exc).__name__, cause=sqlite_cause(exc)
+        )
     return exc
 
 
@@ -406,6 +424,23 @@ def _retry_locked(attempt: Callable[[], T], timeout_s: float) -> T:
                 raise
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
+
+
+def sqlite_cause(exc: BaseException) -> str | None:
+    """What an operator should read about a SQLite error (issue #23 point 4), or ``None``."""
+    text = str(exc).lower()
+    for needle, cause in (
+        ("disk is full", "disk full (the store file's filesystem has no room)"),
+        ("disk i/o error", "I/O error on the store file"),
+        ("locked", "the store file is locked by another process"),
+        ("readonly", "the store file is read-only"),
+        ("unable to open", "the store file cannot be opened"),
+        ("not a database", "the store file is not a SQLite database (damaged)"),
+        ("malformed", "the store file is damaged"),
+    ):
+        if needle in text:
+            return cause
+    return None
 
 
 def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:

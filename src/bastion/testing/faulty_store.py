@@ -39,6 +39,7 @@ from bastion.store.base import (
     RecoveredExecution,
     ReserveOutcome,
     Store,
+    StoreOwner,
     WorkerRecord,
 )
 from bastion.store.token_buckets import BucketTake, TokensRefused
@@ -150,6 +151,17 @@ class FaultyStore(ReplicaRecordsPassthrough):
 
     async def get_generation(self, generation: str) -> GenerationRecord | None:
         return await self.inner.get_generation(generation)
+
+    # ------------------------------------------------------------ ownership and health (reads pass)
+
+    async def probe(self, timeout_s: float) -> None:
+        await self.inner.probe(timeout_s)
+
+    async def store_owners(self) -> list[StoreOwner]:
+        return await self.inner.store_owners()
+
+    async def add_store_owner(self, key_id: str, data_dir: str, *, now: datetime) -> None:
+        await self.inner.add_store_owner(key_id, data_dir, now=now)
 
     # ------------------------------------------------------------ worker registry
 

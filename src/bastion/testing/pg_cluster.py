@@ -11,6 +11,7 @@ here is needed by the gateway itself.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -120,6 +121,34 @@ class ThrowawayCluster:
         if self._admin is None:
             self._admin = psycopg.connect(self.dsn(), autocommit=True)
         self._admin.execute(sql)
+
+    def halt(self) -> None:
+        """Stop the server at once (``-m immediate``), keeping the cluster: a store outage (issue #23)."""
+        self._forget_admin()
+        self._run("pg_ctl", "-D", str(self.root / "data"), "-m", "immediate", "-w", "stop")
+
+    def resume(self) -> None:
+        """Start the halted server again (same data, same socket)."""
+        self._run("pg_ctl", "-D", str(self.root / "data"), "-l", str(self.root / "server.log"), "-w", "start")
+
+    def require_password(self, role: str, password: str) -> str:
+        """Create login role ``role`` that must give ``password`` (SCRAM) and return its URL.
+
+        Every other role keeps trust; ``role`` alone is checked, from now on (``pg_hba.conf`` is
+        read again). Change the password with :meth:`psql` (``ALTER ROLE``).
+        """
+        name = _identifier(role)
+        self.psql(f"CREATE ROLE {name} LOGIN SUPERUSER PASSWORD '{password}'")
+        hba = self.root / "data" / "pg_hba.conf"
+        hba.write_text(f"local all {name} scram-sha-256\n" + hba.read_text())
+        self.psql("SELECT pg_reload_conf()")
+        return f"postgresql://{name}:{password}@/postgres?host={self.root}"
+
+    def _forget_admin(self) -> None:
+        if self._admin is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._admin.close()
+            self._admin = None
 
     def stop(self) -> None:
         if self._admin is not None:

@@ -25,6 +25,7 @@ from bastion.errors import Conflict, GenerationHeld, StaleEpoch, StoreError
 from bastion.ids import Epoch, WorkerId
 from bastion.store.base import Store
 from bastion.store.dsn import redact_argv
+from bastion.store.failure_log import FailureLog
 from bastion.workers.identity import mint_worker_id
 from bastion.workers.liveness import pid_alive, this_host
 from bastion.workers.takeover import withdraw_if_dead
@@ -134,9 +135,14 @@ class WorkerMembership:
             return candidate
         raise StoreError("could not register a fresh worker identity")
 
-    async def heartbeat_forever(self) -> None:
-        """Keep the claim fresh; a superseded worker learns it here and stops heartbeating."""
+    async def heartbeat_forever(self, on_failure: Callable[[StoreError], None] | None = None) -> None:
+        """Keep the claim fresh; a superseded worker learns it here and stops heartbeating.
+
+        ``on_failure`` hears every failed heartbeat (the store health: a heartbeat is a write
+        every ``heartbeat_s``, so a store that stopped taking writes shows within that bound).
+        """
         assert self.worker is not None
+        log = FailureLog(logger, "heartbeat")  # one line per change (#23)
         while True:
             await anyio.sleep(self.heartbeat_s)
             try:
@@ -145,7 +151,13 @@ class WorkerMembership:
                 self.mark_superseded("heartbeat refused")
                 return
             except StoreError as exc:
-                logger.warning("heartbeat failed: %s", exc.message)
+                if on_failure is not None:
+                    on_failure(exc)  # the store health says it (one line), not this loop too
+                    logger.debug("heartbeat failed: %s", exc.message)
+                else:
+                    log.failed(exc)
+            else:
+                log.worked()
 
     async def check_current(self) -> None:
         """Raises :class:`StaleEpoch` (and marks this worker superseded) unless it still holds its slot.

@@ -40,6 +40,7 @@ import anyio
 from bastion.errors import Conflict, StaleEpoch, StoreError
 from bastion.ids import Epoch, WorkerId
 from bastion.store.base import GenerationRecord, Store, WorkerRecord
+from bastion.store.failure_log import FailureLog
 from bastion.workers.liveness import Liveness, PidAlive, liveness_of, pid_known_dead
 from bastion.workers.liveness import this_host as local_host
 from bastion.workers.registry import WorkerRole, register_identity
@@ -257,6 +258,7 @@ async def watch_peers(
     if not interval_s > 0 or not lease_s > 0:
         raise ValueError("interval_s and lease_s must be positive")
     host = this_host if this_host is not None else local_host()
+    log = FailureLog(logger, "scanning peers for takeover")  # one line per change (#23)
     while True:
         try:
             await scan_peers(
@@ -269,6 +271,8 @@ async def watch_peers(
                 pid_alive=pid_alive,
                 this_host=host,
             )
-        except Exception:
-            logger.exception("scanning peers for takeover failed; retrying at the next interval")
+        except Exception as exc:
+            log.failed(exc, note=f"; retrying every {interval_s:g} s")
+        else:
+            log.worked()
         await anyio.sleep(interval_s)

@@ -16,6 +16,7 @@ from bastion.store.migrations import (
     postgres_0002_token_buckets,
     postgres_0003_entries_by_execution,
     postgres_0004_replicas,
+    postgres_0005_store_owners,
     sqlite_0001_initial,
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
@@ -24,6 +25,7 @@ from bastion.store.migrations import (
     sqlite_0006_entries_by_execution,
     sqlite_0007_replicas,
     sqlite_0008_entries_appended,
+    sqlite_0009_store_owner,
 )
 
 __all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS", "Migration"]
@@ -45,6 +47,7 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "entries_by_execution", sqlite_0006_entries_by_execution.STATEMENTS),
     Migration(7, "replicas", sqlite_0007_replicas.STATEMENTS),
     Migration(8, "entries_appended", sqlite_0008_entries_appended.STATEMENTS),
+    Migration(9, "store_owner", sqlite_0009_store_owner.STATEMENTS),
 )
 
 POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
@@ -52,6 +55,7 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "token_buckets", postgres_0002_token_buckets.STATEMENTS),
     Migration(3, "entries_by_execution", postgres_0003_entries_by_execution.STATEMENTS),
     Migration(4, "replicas", postgres_0004_replicas.STATEMENTS),
+    Migration(5, "store_owners", postgres_0005_store_owners.STATEMENTS),
 )
 
 # Each list is dense and ordered: migration n sits at index n - 1.
