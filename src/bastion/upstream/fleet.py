@@ -301,6 +301,11 @@ class UpstreamFleet:
             upstream_sessions.view = (generation, merged)
         return merged
 
+    @property
+    def capability_sets(self) -> tuple[str, ...]:
+        """The keys of the capability sets whose catalog is kept, least recently used first."""
+        return tuple(self._views)
+
     async def lookup_in_view(
         self,
         exposed: str,
