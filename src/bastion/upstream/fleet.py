@@ -291,7 +291,12 @@ class UpstreamFleet:
         )
         tools_by_server = dict(by_set)
         for name, upstream in self.upstreams.items():
-            if isinstance(upstream, HttpUpstream) and upstream.uses_own_session():
+            # One that is down keeps its catalog entries: a listing would only wait out its timeout.
+            if (
+                isinstance(upstream, HttpUpstream)
+                and upstream.uses_own_session()
+                and upstream.health().connected
+            ):
                 try:
                     tools_by_server[name] = self._entries(name, await upstream.list_tools_own(ctx))[0]
                 except (UpstreamError, UpstreamReplied, TimeoutError) as exc:

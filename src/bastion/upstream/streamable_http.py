@@ -89,6 +89,10 @@ logger = logging.getLogger(__name__)
 
 _ACCEPT = "application/json, text/event-stream"
 _GATEWAY_INFO = {"name": "bastion", "version": __version__}
+# How long a new client's first request waits for its upstream session's GET stream to answer, so
+# that what the upstream sends there from then on is seen (a server that holds its headers back
+# until its first event costs this once per session, no more).
+_STREAM_OPEN_WAIT_S = 2.0
 
 
 def _body(message: dict[str, Any]) -> bytes:
@@ -486,7 +490,7 @@ class HttpUpstream:
                     if holder is not None or declared:
                         # What it sends outside a request reaches its owner (issue 22): a client's
                         # own session from its opening; an ephemeral one when it may ask something.
-                        await self._follow_own_session(upstream_session)
+                        await self._follow_own_session(upstream_session, wait_s=_STREAM_OPEN_WAIT_S)
                 try:
                     await self._ensure_log_level(upstream_session, ctx.log_level)
                     return await self._post(upstream_session, method, params, relay)
@@ -932,7 +936,9 @@ class HttpUpstream:
             return
         await self.call("resources/unsubscribe", {"uri": uri}, ctx)
 
-    async def _follow_own_session(self, upstream_session: HttpUpstreamSession) -> None:
+    async def _follow_own_session(
+        self, upstream_session: HttpUpstreamSession, *, wait_s: float = ACK_TIMEOUT_S
+    ) -> None:
         """Follow this session's GET stream until the session closes; return once it is open.
 
         At most ``StreamBudget`` streams per upstream: past it the session is used unfollowed
@@ -968,7 +974,7 @@ class HttpUpstream:
                 self._streams.give_back()
 
         self._task_group.start_soon(follow)
-        with anyio.move_on_after(ACK_TIMEOUT_S):
+        with anyio.move_on_after(wait_s):
             await opened.wait()
 
     def _resource_updated(self, params: dict[str, Any], upstream_session: HttpUpstreamSession | None) -> None:
