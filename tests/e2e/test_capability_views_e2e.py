@@ -31,6 +31,7 @@ from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
+from bastion.upstream.streamable_http import HttpUpstream
 from tests.e2e.conftest import TOKENS, RunningGateway
 from tests.e2e.third_party.servers import fastmcp_python, npm_server
 
@@ -263,6 +264,11 @@ async def test_log_messages_between_calls_reach_the_session_that_set_the_level_a
                 assert _text(await alice.call_tool("s__tick_later", {"count": 3})) == "scheduled"
                 await all_heard.wait()
                 await anyio.sleep(0.5)  # what would reach bob by mistake arrives with alice's
+                upstream = gateway.gateway.fleet.upstreams["s"]
+                assert isinstance(upstream, HttpUpstream)
+                assert upstream.followed_streams == 2  # one GET stream per client's own upstream session
+            while upstream.followed_streams:  # each is closed with its session
+                await anyio.sleep(0.05)
     assert heard["alice"] == ["tick 0", "tick 1", "tick 2"]
     assert heard["bob"] == []
 

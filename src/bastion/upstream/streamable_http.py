@@ -314,6 +314,11 @@ class HttpUpstream:
         self._learn_param_maps(tools)
         return tools
 
+    @property
+    def followed_streams(self) -> int:
+        """How many client sessions' GET streams are followed now (at most ``MAX_CLIENT_STREAMS``)."""
+        return self._streams.held
+
     def uses_own_session(self) -> bool:
         """Whether a session-era client's requests go on its own upstream session here."""
         if self.era is UpstreamEra.SESSIONLESS:
