@@ -902,16 +902,33 @@ class HttpUpstream:
         elif method in SURFACE_LIST_CHANGED:
             if upstream_session.channel is not None:
                 await upstream_session.channel.notify(method, {})
-        elif upstream_session.relays:
-            await upstream_session.relays[-1].on_notification(method, params)
-        elif upstream_session.channel is not None and method == "notifications/message":
-            await upstream_session.channel.notify(method, params)
+        elif method == "notifications/progress":
+            # Only the request that minted the token hears it (upstream/relay.py checks it again).
+            token = params.get("progressToken")
+            for relay in upstream_session.relays:
+                if relay.upstream_token is not None and relay.upstream_token == token:
+                    await relay.on_notification(method, params)
+        elif method == "notifications/message":
+            live = self._live_relay(upstream_session)
+            if live is not None:
+                await live.on_notification(method, params)  # at the level that call hears
+            elif upstream_session.channel is not None:
+                await upstream_session.channel.notify(method, params)
+
+    @staticmethod
+    def _live_relay(upstream_session: HttpUpstreamSession) -> RequestRelay | None:
+        """The latest request in flight on this session that has a client behind it."""
+        for relay in reversed(upstream_session.relays):
+            if relay.relay is not None:
+                return relay
+        return None
 
     def _owner_relay(self, upstream_session: HttpUpstreamSession) -> RequestRelay:
         """Where a request from this session's GET stream is asked: a call of its owner in flight
         there, else the owner's GET stream, else nobody (the upstream is answered an error)."""
-        if upstream_session.relays:
-            return upstream_session.relays[-1]
+        live = self._live_relay(upstream_session)
+        if live is not None:
+            return live
         channel = upstream_session.channel
         return RequestRelay(ChannelRelay(channel) if channel is not None else None, None)
 
@@ -963,7 +980,6 @@ class HttpUpstream:
             await self._on_session_message(message, upstream_session)
 
         async def follow() -> None:
-            self._follows.add(scope)
             try:
                 with scope:
                     await follow_session_stream(
@@ -978,6 +994,7 @@ class HttpUpstream:
                 self._follows.discard(scope)
                 self._streams.give_back()
 
+        self._follows.add(scope)
         self._task_group.start_soon(follow)
         with anyio.move_on_after(wait_s):
             await opened.wait()
