@@ -51,7 +51,7 @@ from bastion.upstream.base import (
     UpstreamHealth,
     UpstreamReplied,
 )
-from bastion.upstream.capability_sets import bridged_capabilities
+from bastion.upstream.capability_sets import bridged_capabilities, capability_set
 from bastion.upstream.era_paths import (
     LIST_CHANGED_FILTER,
     param_header_map,
@@ -326,7 +326,7 @@ class HttpUpstream:
         return self.era is UpstreamEra.SESSION
 
     async def list_tools_for(self, client_capabilities: Any) -> list[dict[str, Any]]:
-        """The tools this upstream shows a client that declared ``client_capabilities`` (issue 22).
+        """The tools this upstream shows a client of the capability set of ``client_capabilities``.
 
         Session era: listed on a short upstream session that declares those capabilities
         (closed at once); sessionless era: a ``tools/list`` carrying them in ``_meta``.
@@ -334,7 +334,7 @@ class HttpUpstream:
         """
         if self.era is UpstreamEra.UNKNOWN:
             return await self.list_tools()
-        declared = bridged_capabilities(client_capabilities)
+        declared = capability_set(client_capabilities)
         if self.era is UpstreamEra.SESSIONLESS:
             tools = await self._all_tools(lambda p: self._modern_request("tools/list", p, None, declared))
         else:

@@ -4,6 +4,7 @@ change (upstream/fleet.py, issue 22). The upstream is the bundled example server
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -12,7 +13,7 @@ from bastion.examples.counter import FileCounter
 from bastion.examples.tools_server import build_app, build_server
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
-from bastion.upstream.capability_sets import bridged_capabilities, capability_key
+from bastion.upstream.capability_sets import bridged_capabilities, capability_key, capability_set
 from bastion.upstream.fleet import MAX_CAPABILITY_SETS, UpstreamFleet
 
 pytestmark = pytest.mark.anyio
@@ -34,6 +35,14 @@ def test_only_bridgeable_capabilities_as_declared_name_a_set() -> None:
     assert capability_key({"elicitation": {"form": {}}}) != capability_key(
         {"elicitation": {"form": {}, "url": {}}}
     )
+    # What the schema does not define names no new set: a client cannot make sets without bound.
+    listing = {"roots": {"listChanged": True}}
+    assert capability_key({"roots": {"listChanged": True, "x": 1}}) == capability_key(listing)
+    assert capability_key({"roots": {"listChanged": False}}) != capability_key(listing)
+    assert capability_set({"roots": {"listChanged": True, "x": 1}, "sampling": {"tools": {"y": 2}}}) == {
+        "roots": {"listChanged": True},
+        "sampling": {"tools": {}},
+    }
 
 
 @pytest.mark.parametrize("era", ["session", "sessionless"])
@@ -51,7 +60,15 @@ async def test_capability_set_catalogs_are_bounded_and_dropped_at_a_list_change(
             fleet = UpstreamFleet(snapshot)
             await fleet.start(tg)
             assert await fleet.view_for({}) is fleet.catalog
-            sets = [{"roots": {"n": n}} for n in range(MAX_CAPABILITY_SETS + 1)]
+            modes: list[dict[str, Any]] = [{}, {"form": {}}, {"url": {}}, {"form": {}, "url": {}}]
+            roots: list[dict[str, Any]] = [{}, {"listChanged": True}, {"listChanged": False}]
+            sets = [
+                {"elicitation": e, "roots": r, **({"sampling": {}} if n else {})}
+                for n in (0, 1)
+                for e in modes
+                for r in roots
+            ][: MAX_CAPABILITY_SETS + 1]
+            assert len({capability_key(c) for c in sets}) == MAX_CAPABILITY_SETS + 1
             for declared in sets:
                 view = await fleet.view_for(declared)
                 assert set(view) == set(fleet.catalog)  # this upstream shows everyone the same tools
