@@ -321,6 +321,15 @@ class ToolCallPath:
         # (4) Grant decision against the one snapshot in force; its version goes into every entry.
         entry = self._fleet.lookup(name)
         if entry is None:
+            # A tool only this client's capabilities show (issue 22): its view, listed for it.
+            entry = await self._fleet.lookup_in_view(
+                name,
+                caller.client_capabilities,
+                caller.transport_session.upstream_sessions if caller.transport_session is not None else None,
+                log_level=caller.log_level,
+                owner=str(caller.agent),
+            )
+        if entry is None:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
         attempt.entry = entry
         try:

@@ -173,7 +173,15 @@ class MethodRouter:
     async def _tools_list(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         # One page: the surface is the gateway's own merged catalog, already in memory,
         # narrowed to the tools this principal's grants cover in the snapshot in force.
-        visible = visible_tools(self._snapshot(), caller.principal, self._fleet.catalog.values())
+        # What each upstream shows a client with this client's capabilities (issue 22).
+        transport_session = caller.transport_session
+        catalog = await self._fleet.view_for(
+            caller.client_capabilities,
+            transport_session.upstream_sessions if transport_session is not None else None,
+            log_level=caller.log_level if transport_session is None else transport_session.log_level,
+            owner=str(caller.agent),
+        )
+        visible = visible_tools(self._snapshot(), caller.principal, catalog.values())
         if caller.transport_session is not None:
             surface = frozenset(entry.namespace for entry in visible)
             caller.transport_session.surface_namespaces = surface

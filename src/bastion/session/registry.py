@@ -18,6 +18,7 @@ from bastion.auth.principal import Principal
 from bastion.errors import SessionNotFound, TooManySessions
 from bastion.ids import AgentId, TransportSessionId, new_transport_session_id
 from bastion.session.replay import ReplayLimits, SessionStreams
+from bastion.session.server_channel import ServerChannel
 from bastion.session.state import InFlightCall, TransportSession
 from bastion.store.replicas import transport_session_key
 
@@ -147,7 +148,7 @@ class SessionRegistry:
     ) -> TransportSession:
         """A session record for ``session_id``, not yet held (``create`` and ``adopt`` hold it)."""
         now = self._clock()
-        return TransportSession(
+        record = TransportSession(
             id=session_id,
             agent=principal.agent,
             principal=principal,
@@ -159,6 +160,9 @@ class SessionRegistry:
             evidence=evidence,
             streams=SessionStreams(self._replay_limits),
         )
+        # What its own upstream sessions send outside a request reaches it here (issue 22).
+        record.upstream_sessions.channel = ServerChannel(record)
+        return record
 
     def remove(self, transport_session: TransportSession) -> list[InFlightCall]:
         """Forget the session and cancel its requests; returns them, so the caller can await their end."""

@@ -37,6 +37,7 @@ __all__ = [
     "ClientDeclined",
     "ListChangedCallback",
     "ResourceUpdatedCallback",
+    "SessionChannel",
     "Upstream",
     "UpstreamEra",
     "UpstreamHealth",
@@ -106,6 +107,23 @@ RESOURCE_UPDATED = "notifications/resources/updated"
 ResourceUpdatedCallback = Callable[[str, str, Any], None]
 
 
+class SessionChannel(Protocol):
+    """The way back to the one client that owns an upstream session, outside any request (issue 22).
+
+    What an upstream session sends on its GET stream (a server-to-client request with no call in
+    flight, a log message between calls, a list change) goes here, to that client and nobody else.
+    """
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        """Deliver a notification on the client's own GET stream (log levels applied)."""
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Ask the client on its GET stream; returns its result or raises :class:`ClientDeclined`."""
+
+    async def tools_changed(self, server: str) -> None:
+        """``server``'s tools changed on this client's own upstream session: its view is stale, tell it."""
+
+
 class UpstreamSessions:
     """Per client transport session: the upstream sessions opened for it, by server name.
 
@@ -117,6 +135,10 @@ class UpstreamSessions:
     def __init__(self) -> None:
         self._by_server: dict[str, Any] = {}
         self.closed = False
+        # Set by the session registry: how an upstream session reaches its owner outside a request.
+        self.channel: SessionChannel | None = None
+        # The client's catalog as its own upstream sessions show it (upstream/fleet.py), or None.
+        self.view: Any = None
 
     def get(self, server: str) -> Any | None:
         return self._by_server.get(server)

@@ -6,11 +6,20 @@ the namespaced tool catalog: every upstream tool exposed as
 preserved. A name that would break the strictest common client rule
 (``^[a-zA-Z0-9_-]{1,64}$``) is left out and reported, never mangled into a
 name that could collide.
+
+A client sees what each upstream shows a client with its capabilities (issue 22):
+:meth:`UpstreamFleet.view_for`. A client with no capabilities an upstream could use
+sees :attr:`UpstreamFleet.catalog`, listed for nobody; otherwise, in the session era,
+the tools of its own upstream sessions, and in the sessionless era a catalog kept per
+distinct capability set (at most ``MAX_CAPABILITY_SETS``, least recently used evicted,
+rebuilt after any list change). A view merges like the catalog: a name keeps the
+server that holds it there, a newcomer is left out (logged).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -21,7 +30,8 @@ import anyio.abc
 from bastion.background import BackgroundTasks
 from bastion.errors import ConfigError, UpstreamError
 from bastion.policy.snapshot import TOOL_NAME_RULE, ServerSpec, Snapshot, UpstreamKind
-from bastion.upstream.base import CallContext, Upstream, UpstreamHealth, UpstreamReplied
+from bastion.upstream.base import CallContext, Upstream, UpstreamHealth, UpstreamReplied, UpstreamSessions
+from bastion.upstream.capability_sets import capability_key
 from bastion.upstream.catalog import Collision, ToolEntry, all_collisions, exposed_name, merge_catalog
 from bastion.upstream.health import HealthSchedule, UpstreamProber
 from bastion.upstream.http_client import UpstreamHttp
@@ -34,6 +44,10 @@ logger = logging.getLogger(__name__)
 
 
 NamespaceChanged = Callable[[str], Awaitable[None]]
+
+# Distinct client capability sets whose catalog is kept at once (issue 22); the least recently
+# used goes first. Each costs one listing per HTTP upstream when it is built.
+MAX_CAPABILITY_SETS = 16
 
 
 class UpstreamFleet:
@@ -71,6 +85,12 @@ class UpstreamFleet:
         self._prompt_catalog: Mapping[str, ToolEntry] = MappingProxyType({})
         self.prompt_collisions: list[Collision] = []
         self._refresh_lock = anyio.Lock()
+        # Catalogs per client capability set (issue 22), valid for one catalog generation.
+        self._views: OrderedDict[str, tuple[dict[str, list[ToolEntry]], Mapping[str, ToolEntry]]] = (
+            OrderedDict()
+        )
+        self._view_lock = anyio.Lock()
+        self.generation = 0  # rises whenever any server's tools are listed again
         self._background = BackgroundTasks()
         # Active health for HTTP upstreams (issue #11): stdio processes are supervised instead.
         self.probers = {
@@ -215,6 +235,134 @@ class UpstreamFleet:
             logger.warning("listing tools of upstream %s failed: %s", name, exc)
             return
         await self.refresh_prompts(name)
+        entries, skipped = self._entries(name, tools)
+        if skipped:
+            logger.warning("upstream %s: tools left out, names break the client rule: %s", name, skipped)
+        async with self._refresh_lock:
+            self._tools_by_server[name] = entries
+            merged, self.tool_collisions = merge_catalog(self._tools_by_server, self._catalog)
+            if self.tool_collisions:
+                logger.warning("tool names collide, the newcomers are left out: %s", self.tool_collisions)
+            self._catalog = MappingProxyType(merged)
+            # Per server: a prefix test would mix up namespaces `notes` and `notes_`, and a
+            # transparent server's names have no prefix at all.
+            self._skipped_by_server[name] = skipped
+            self.skipped_tools = [tool for tools in self._skipped_by_server.values() for tool in tools]
+            self.generation += 1
+            self._views.clear()
+
+    # ------------------------------------------------------------------ views (issue 22)
+
+    async def view_for(
+        self,
+        client_capabilities: Mapping[str, Any],
+        upstream_sessions: UpstreamSessions | None = None,
+        *,
+        log_level: str | None = None,
+        owner: str | None = None,
+    ) -> Mapping[str, ToolEntry]:
+        """The catalog a client sees: what each upstream shows a client with its capabilities.
+
+        ``upstream_sessions`` is a session-era client's holder: its own upstream sessions
+        are then asked (opened if need be), and the view is kept on the holder until a list
+        changes. Never raises for an upstream that fails to list: its catalog entries stand in.
+        """
+        key = capability_key(client_capabilities)
+        own = upstream_sessions is not None and any(
+            isinstance(u, HttpUpstream) and u.uses_own_session() for u in self.upstreams.values()
+        )
+        if not own:
+            return self._catalog if not key else (await self._capability_view(key, client_capabilities))[1]
+        assert upstream_sessions is not None
+        cached = upstream_sessions.view
+        if isinstance(cached, tuple) and cached[0] == self.generation:
+            view: Mapping[str, ToolEntry] = cached[1]
+            return view
+        generation = self.generation
+        by_set = (await self._capability_view(key, client_capabilities))[0] if key else self._tools_by_server
+        ctx = CallContext(
+            relay=None,
+            client_capabilities=client_capabilities,
+            upstream_sessions=upstream_sessions,
+            timeout_s=self._snapshot.gateway.upstream_timeout_s,
+            log_level=log_level,
+            client_answers_requests=True,
+            owner=owner,
+        )
+        tools_by_server = dict(by_set)
+        for name, upstream in self.upstreams.items():
+            # One that is down keeps its catalog entries: a listing would only wait out its timeout.
+            if (
+                isinstance(upstream, HttpUpstream)
+                and upstream.uses_own_session()
+                and upstream.health().connected
+            ):
+                try:
+                    tools_by_server[name] = self._entries(name, await upstream.list_tools_own(ctx))[0]
+                except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
+                    logger.warning("listing tools of upstream %s for a client failed: %s", name, exc)
+        merged = self._merge_view(tools_by_server)
+        if upstream_sessions.view is cached:
+            upstream_sessions.view = (generation, merged)
+        return merged
+
+    @property
+    def capability_sets(self) -> tuple[str, ...]:
+        """The keys of the capability sets whose catalog is kept, least recently used first."""
+        return tuple(self._views)
+
+    async def lookup_in_view(
+        self,
+        exposed: str,
+        client_capabilities: Mapping[str, Any],
+        upstream_sessions: UpstreamSessions | None = None,
+        *,
+        log_level: str | None = None,
+        owner: str | None = None,
+    ) -> ToolEntry | None:
+        """``exposed`` in the client's view (:meth:`view_for`): a tool only its capabilities show."""
+        view = await self.view_for(client_capabilities, upstream_sessions, log_level=log_level, owner=owner)
+        return view.get(exposed)
+
+    async def _capability_view(
+        self, key: str, client_capabilities: Mapping[str, Any]
+    ) -> tuple[dict[str, list[ToolEntry]], Mapping[str, ToolEntry]]:
+        """The catalog kept for one capability set, built on first use (one listing per HTTP upstream)."""
+        held = self._views.get(key)
+        if held is not None:
+            self._views.move_to_end(key)
+            return held
+        async with self._view_lock:
+            held = self._views.get(key)
+            if held is not None:
+                return held
+            generation = self.generation
+            tools_by_server = dict(self._tools_by_server)
+            for name, upstream in self.upstreams.items():
+                if not isinstance(upstream, HttpUpstream) or not upstream.health().connected:
+                    continue
+                try:
+                    tools = await upstream.list_tools_for(client_capabilities)
+                except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
+                    logger.warning("listing tools of upstream %s for a capability set failed: %s", name, exc)
+                    continue
+                tools_by_server[name] = self._entries(name, tools)[0]
+            held = (tools_by_server, self._merge_view(tools_by_server))
+            if generation == self.generation:  # a list change while listing: serve it, keep nothing
+                self._views[key] = held
+                while len(self._views) > MAX_CAPABILITY_SETS:
+                    self._views.popitem(last=False)
+            return held
+
+    def _merge_view(self, tools_by_server: Mapping[str, list[ToolEntry]]) -> Mapping[str, ToolEntry]:
+        merged, collisions = merge_catalog(tools_by_server, self._catalog)
+        if collisions:
+            logger.warning("tool names collide in a client's view, newcomers left out: %s", collisions)
+        return MappingProxyType(merged)
+
+    def _entries(self, name: str, tools: list[dict[str, Any]]) -> tuple[list[ToolEntry], list[str]]:
+        """``name``'s tools as catalog entries, and the exposed names left out (they break the rule)."""
+        upstream = self.upstreams[name]
         entries: list[ToolEntry] = []
         skipped: list[str] = []
         for tool in tools:
@@ -239,18 +387,7 @@ class UpstreamFleet:
                     definition=MappingProxyType({**tool, "name": exposed}),
                 )
             )
-        if skipped:
-            logger.warning("upstream %s: tools left out, names break the client rule: %s", name, skipped)
-        async with self._refresh_lock:
-            self._tools_by_server[name] = entries
-            merged, self.tool_collisions = merge_catalog(self._tools_by_server, self._catalog)
-            if self.tool_collisions:
-                logger.warning("tool names collide, the newcomers are left out: %s", self.tool_collisions)
-            self._catalog = MappingProxyType(merged)
-            # Per server: a prefix test would mix up namespaces `notes` and `notes_`, and a
-            # transparent server's names have no prefix at all.
-            self._skipped_by_server[name] = skipped
-            self.skipped_tools = [tool for tools in self._skipped_by_server.values() for tool in tools]
+        return entries, skipped
 
     async def _surface_changed(self, server: str, method: str) -> None:
         """An upstream's prompts or resources changed: refresh the prompt catalog, then tell clients."""

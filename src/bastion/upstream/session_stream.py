@@ -1,9 +1,11 @@
-"""Following one upstream session's GET stream (session era; DESIGN section 0).
+"""Following one upstream session's GET stream (session era; DESIGN sections 0 and 5).
 
 A session-era server sends what no request caused (``list_changed``,
-``notifications/resources/updated``) on the session's GET stream. Bastion follows
-the catalog session's stream for the whole run, and a client's own upstream
-session's stream once that client subscribes to a resource there (issue 9).
+``notifications/resources/updated``, log messages, and, for an ``mcp`` 1.x server, the
+``roots/list`` or ``sampling/createMessage`` a tool asks) on the session's GET stream.
+Bastion follows the catalog session's stream for the whole run, and each client's own
+upstream session's stream from its opening (issue 22; issue 9 opened it at a subscription),
+as many at once per upstream as :class:`StreamBudget` allows, each closed with its session.
 The stream is reconnected with backoff and resumed after the last event seen;
 it ends when the upstream refuses it (any status but 200) or when the caller's
 scope is cancelled. Never sends a request.
@@ -18,10 +20,50 @@ import anyio
 
 from bastion.errors import UpstreamProtocolError
 from bastion.policy.snapshot import DEFAULT_MAX_RESPONSE_BYTES
+from bastion.upstream.base import SessionChannel
 from bastion.upstream.http_client import HttpFailure, UpstreamHttp
 from bastion.upstream.sse import SseCursor, iter_sse_messages
 
-__all__ = ["follow_session_stream"]
+__all__ = ["MAX_CLIENT_STREAMS", "ChannelRelay", "StreamBudget", "follow_session_stream"]
+
+# Client sessions' GET streams followed at once per upstream. Each holds one connection of the
+# gateway's pool (256): the bound leaves most of it to calls.
+MAX_CLIENT_STREAMS = 96
+
+
+class StreamBudget:
+    """How many client sessions' GET streams one upstream may follow at once."""
+
+    def __init__(self, limit: int = MAX_CLIENT_STREAMS) -> None:
+        self._limit = limit
+        self.held = 0
+
+    def take(self) -> bool:
+        """Whether one more stream may be followed (it is then counted until :meth:`give_back`)."""
+        if self.held >= self._limit:
+            return False
+        self.held += 1
+        return True
+
+    def give_back(self) -> None:
+        self.held = max(0, self.held - 1)
+
+
+class ChannelRelay:
+    """A :class:`~bastion.upstream.base.CallRelay` onto an owner's channel: for a request that an
+    upstream session's GET stream brings while none of its owner's calls is in flight there."""
+
+    def __init__(self, channel: SessionChannel) -> None:
+        self._channel = channel
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        await self._channel.notify(method, params)
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._channel.request(method, params)
+
+    async def pause(self, retry_ms: int | None) -> None:
+        return None  # no request stream to end
 
 
 async def follow_session_stream(

@@ -47,10 +47,12 @@ from bastion.upstream.base import (
     ClientDeclined,
     ListChangedCallback,
     ResourceUpdatedCallback,
+    SessionChannel,
     UpstreamEra,
     UpstreamHealth,
     UpstreamReplied,
 )
+from bastion.upstream.capability_sets import bridged_capabilities, capability_set
 from bastion.upstream.era_paths import (
     LIST_CHANGED_FILTER,
     param_header_map,
@@ -70,7 +72,7 @@ from bastion.upstream.input_rounds import ParkedRounds, ask_mid_call, asks_in_ro
 from bastion.upstream.relay import RequestRelay
 from bastion.upstream.resource_listens import ACK_TIMEOUT_S, ResourceListens
 from bastion.upstream.resume import Reconnect, messages_resuming
-from bastion.upstream.session_stream import follow_session_stream
+from bastion.upstream.session_stream import ChannelRelay, StreamBudget, follow_session_stream
 from bastion.upstream.taskgroups import single_exception
 from bastion.versions import (
     CAPABILITIES_META_KEY,
@@ -88,6 +90,10 @@ logger = logging.getLogger(__name__)
 
 _ACCEPT = "application/json, text/event-stream"
 _GATEWAY_INFO = {"name": "bastion", "version": __version__}
+# How long a new client's first request waits for its upstream session's GET stream to answer, so
+# that what the upstream sends there from then on is seen (a server that holds its headers back
+# until its first event costs this once per session, no more).
+_STREAM_OPEN_WAIT_S = 2.0
 
 
 def _body(message: dict[str, Any]) -> bytes:
@@ -98,7 +104,7 @@ class _SessionGone(Exception):
     """The upstream answered 404 to an upstream session id: re-initialize."""
 
 
-@dataclass
+@dataclass(eq=False)
 class HttpUpstreamSession:
     """One upstream session (session era), opened for one client session."""
 
@@ -107,16 +113,16 @@ class HttpUpstreamSession:
     capabilities: dict[str, Any]
     server_capabilities: dict[str, Any] = dataclasses.field(default_factory=dict)
     log_level: str | None = None  # the level last sent with logging/setLevel
-    # Its GET stream, followed once its client subscribed to a resource here (issue 9).
+    # Its GET stream, followed from its opening (issue 22) or once its client subscribed (issue 9).
     watch: anyio.CancelScope | None = None
-
-
-def _relayable_capabilities(client_capabilities: Any) -> dict[str, Any]:
-    # Only what the client itself declared, and only the client-side features
-    # an upstream may use through the gateway.
-    if not isinstance(client_capabilities, dict):
-        return {}
-    return {k: v for k, v in client_capabilities.items() if k in ("sampling", "elicitation", "roots")}
+    # The owner's way back outside a request (None: the catalog session, or an ephemeral one).
+    channel: SessionChannel | None = None
+    # The relays of the requests in flight on it: a request its GET stream brings goes to one.
+    relays: list[RequestRelay] = dataclasses.field(default_factory=list)
+    # Its own tools/list (issue 22), with the upstream's catalog generation it was listed in.
+    tools: list[dict[str, Any]] | None = None
+    tools_generation: int = -1
+    is_catalog: bool = False  # the gateway's own listing session, owned by no client
 
 
 class HttpUpstream:
@@ -164,6 +170,11 @@ class HttpUpstream:
         self._listens = ResourceListens(
             lambda params, relay: self._modern_request("subscriptions/listen", params, relay, {})
         )
+        # Each per-client upstream session's GET stream holds a pooled connection: bounded (issue 22).
+        self._streams = StreamBudget()
+        self._follows: set[anyio.CancelScope] = set()  # every followed client stream, ended by aclose
+        # Rises when the catalog session says the tools changed: every own listing is then stale.
+        self.tools_generation = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -180,6 +191,8 @@ class HttpUpstream:
 
     async def aclose(self) -> None:
         self._watch_scope.cancel()
+        for scope in list(self._follows):
+            scope.cancel()
         self._listen_scope.cancel()
         self._listens.release_all()
         self._parked.cancel_all()
@@ -220,6 +233,7 @@ class HttpUpstream:
 
     async def _become_session_era(self) -> None:
         self._catalog = await self._open_session({})
+        self._catalog.is_catalog = True
         self.server_capabilities = dict(self._catalog.server_capabilities)
         self.era = UpstreamEra.SESSION
         if self._on_list_changed is not None and self._task_group is not None:
@@ -292,29 +306,99 @@ class HttpUpstream:
             await self._negotiate()
             self._connected = True
             self._detail = None
+        ctx = CallContext(relay=None, client_capabilities={}, timeout_s=self._timeout())
+
+        async def page(params: dict[str, Any]) -> dict[str, Any]:
+            if self.era is UpstreamEra.SESSIONLESS:
+                return await self._modern_request("tools/list", params, None, {})
+            return await self._session_call_catalog("tools/list", params, ctx)
+
+        tools = await self._all_tools(page)
+        self._tools = len(tools)
+        self._param_maps = {}
+        self._learn_param_maps(tools)
+        return tools
+
+    @property
+    def followed_streams(self) -> int:
+        """How many client sessions' GET streams are followed now (at most ``MAX_CLIENT_STREAMS``)."""
+        return self._streams.held
+
+    def uses_own_session(self) -> bool:
+        """Whether a session-era client's requests go on its own upstream session here."""
+        if self.era is UpstreamEra.SESSIONLESS:
+            return self.speaks_session
+        return self.era is UpstreamEra.SESSION
+
+    async def list_tools_for(self, client_capabilities: Any) -> list[dict[str, Any]]:
+        """The tools this upstream shows a client of the capability set of ``client_capabilities``.
+
+        Session era: listed on a short upstream session that declares those capabilities
+        (closed at once); sessionless era: a ``tools/list`` carrying them in ``_meta``.
+        Raises as :meth:`call` does.
+        """
+        if self.era is UpstreamEra.UNKNOWN:
+            return await self.list_tools()
+        declared = capability_set(client_capabilities)
+        if self.era is UpstreamEra.SESSIONLESS:
+            tools = await self._all_tools(lambda p: self._modern_request("tools/list", p, None, declared))
+        else:
+            listing = await self._open_session(declared)
+            try:
+                relay = RequestRelay(None, None)
+                tools = await self._all_tools(lambda p: self._post(listing, "tools/list", p, relay))
+            except _SessionGone as exc:
+                raise UpstreamProtocolError(f"upstream {self.name} forgot a fresh session") from exc
+            finally:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                    await self.close_session(listing)
+        self._learn_param_maps(tools)
+        return tools
+
+    async def list_tools_own(self, ctx: CallContext) -> list[dict[str, Any]]:
+        """The tools the client's own upstream session shows (opened if need be), as last listed there.
+
+        A listing stays good until that session or the catalog session says the tools changed.
+        Raises as :meth:`call` does.
+        """
+        holder = ctx.upstream_sessions
+        own = holder.get(self.name) if holder is not None else None
+        if isinstance(own, HttpUpstreamSession) and own.tools_generation == self.tools_generation:
+            listed: list[dict[str, Any]] | None = own.tools
+            if listed is not None:
+                return listed
+        generation = self.tools_generation
+        tools = await self._all_tools(lambda p: self.call("tools/list", p, ctx))
+        own = holder.get(self.name) if holder is not None else None
+        if isinstance(own, HttpUpstreamSession):
+            own.tools, own.tools_generation = tools, generation
+        self._learn_param_maps(tools)
+        return tools
+
+    async def _all_tools(
+        self, page: Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
-        ctx = CallContext(relay=None, client_capabilities={}, timeout_s=self._timeout())
         for _ in range(100):
-            params: dict[str, Any] = {"cursor": cursor} if cursor else {}
-            if self.era is UpstreamEra.SESSIONLESS:
-                result = await self._modern_request("tools/list", params, None, {})
-            else:
-                result = await self._session_call_catalog("tools/list", params, ctx)
-            page = result.get("tools")
-            if not isinstance(page, list):
+            result = await page({"cursor": cursor} if cursor else {})
+            listed = result.get("tools")
+            if not isinstance(listed, list):
                 raise UpstreamProtocolError(f"{self.name}: tools/list result has no tools array")
-            tools.extend(t for t in page if isinstance(t, dict))
+            tools.extend(t for t in listed if isinstance(t, dict))
             cursor = result.get("nextCursor")
             if not isinstance(cursor, str) or not cursor:
                 break
-        self._tools = len(tools)
-        self._param_maps = {
-            t["name"]: header_map
-            for t in tools
-            if isinstance(t.get("name"), str) and (header_map := param_header_map(t.get("inputSchema")))
-        }
         return tools
+
+    def _learn_param_maps(self, tools: list[dict[str, Any]]) -> None:
+        self._param_maps.update(
+            {
+                t["name"]: header_map
+                for t in tools
+                if isinstance(t.get("name"), str) and (header_map := param_header_map(t.get("inputSchema")))
+            }
+        )
 
     async def call(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
         if self.era is UpstreamEra.UNKNOWN:
@@ -364,6 +448,7 @@ class HttpUpstream:
             return
         if upstream_session.watch is not None:
             upstream_session.watch.cancel()
+        upstream_session.channel = None  # nothing it still sends reaches its former owner
         headers = self._session_headers(upstream_session)
         with contextlib.suppress(HttpFailure), anyio.move_on_after(5.0):
             await self._client.request("DELETE", self.url, headers=headers)
@@ -385,6 +470,7 @@ class HttpUpstream:
         for attempt in range(2):
             if self._catalog is None:
                 self._catalog = await self._open_session({})
+                self._catalog.is_catalog = True
             try:
                 return await self._post(self._catalog, method, params, RequestRelay(None, None))
             except _SessionGone:
@@ -403,14 +489,18 @@ class HttpUpstream:
             for attempt in range(2):
                 upstream_session = holder.get(self.name) if holder is not None else None
                 if upstream_session is None:
-                    upstream_session = await self._open_session(
-                        _relayable_capabilities(ctx.client_capabilities)
-                    )
+                    declared = bridged_capabilities(ctx.client_capabilities)
+                    upstream_session = await self._open_session(declared)
                     if holder is not None:
                         if holder.closed:
                             await self.close_session(upstream_session)
                             raise UpstreamUnavailable("the client session closed")
+                        upstream_session.channel = holder.channel
                         holder.put(self.name, upstream_session)
+                    if holder is not None or declared:
+                        # What it sends outside a request reaches its owner (issue 22): a client's
+                        # own session from its opening; an ephemeral one when it may ask something.
+                        await self._follow_own_session(upstream_session, wait_s=_STREAM_OPEN_WAIT_S)
                 try:
                     await self._ensure_log_level(upstream_session, ctx.log_level)
                     return await self._post(upstream_session, method, params, relay)
@@ -495,6 +585,7 @@ class HttpUpstream:
             headers.pop("mcp-protocol-version", None)
         headers["content-type"] = "application/json"
         answered = False
+        upstream_session.relays.append(relay)
         try:
             async with self._stream(headers, body) as response:
                 if response.status_code == 404 and upstream_session.session_id is not None:
@@ -503,6 +594,7 @@ class HttpUpstream:
                 answered = True
                 return result, response.headers
         finally:
+            upstream_session.relays.remove(relay)
             if not answered and not initialize and method != "initialize":
                 # Abandoned (cancelled, timed out or failed): tell the upstream to stop.
                 with anyio.CancelScope(shield=True), anyio.move_on_after(2):
@@ -537,7 +629,7 @@ class HttpUpstream:
         outbound = dict(relay.outbound_params(params))
         meta = dict(outbound.get("_meta") or {})
         meta[PROTOCOL_VERSION_META_KEY] = MODERN_VERSION
-        meta[CAPABILITIES_META_KEY] = _relayable_capabilities(client_capabilities)
+        meta[CAPABILITIES_META_KEY] = bridged_capabilities(client_capabilities)
         meta[CLIENT_INFO_META_KEY] = _GATEWAY_INFO
         outbound["_meta"] = with_log_level(meta, ctx)
         headers = {
@@ -777,14 +869,74 @@ class HttpUpstream:
     async def _on_session_message(
         self, message: dict[str, Any], upstream_session: HttpUpstreamSession
     ) -> None:
-        """One message of an upstream session's GET stream (the catalog session's, or a subscriber's)."""
+        """One message of an upstream session's GET stream: the catalog session's, or a client's own.
+
+        A client's own session speaks to that client alone (issue 22): a request goes to one of its
+        calls in flight there (its stream) or else to its GET stream, a log message likewise, and a
+        list change refreshes its view and tells it; the catalog session's list changes reach every
+        client that sees the namespace.
+        """
         method = message.get("method")
-        if method == "notifications/tools/list_changed" and self._on_list_changed:
-            await self._on_list_changed(self.name)
-        elif method in SURFACE_LIST_CHANGED and self.on_surface_changed:
-            await self.on_surface_changed(self.name, method)
-        elif method == RESOURCE_UPDATED and isinstance(message.get("params"), dict):
-            self._resource_updated(message["params"], upstream_session)
+        raw = message.get("params")
+        params: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if not isinstance(method, str):
+            return
+        own = not upstream_session.is_catalog
+        if "id" in message:
+            if own and self._task_group is not None:
+                self._task_group.start_soon(
+                    self._answer_server_request,
+                    message["id"],
+                    method,
+                    params,
+                    self._owner_relay(upstream_session),
+                    upstream_session,
+                )
+            return
+        if method == RESOURCE_UPDATED:
+            self._resource_updated(params, upstream_session)
+        elif not own:
+            if method == "notifications/tools/list_changed" and self._on_list_changed:
+                self.tools_generation += 1
+                await self._on_list_changed(self.name)
+            elif method in SURFACE_LIST_CHANGED and self.on_surface_changed:
+                await self.on_surface_changed(self.name, method)
+        elif method == "notifications/tools/list_changed":
+            upstream_session.tools = None
+            if upstream_session.channel is not None:
+                await upstream_session.channel.tools_changed(self.name)
+        elif method in SURFACE_LIST_CHANGED:
+            if upstream_session.channel is not None:
+                await upstream_session.channel.notify(method, {})
+        elif method == "notifications/progress":
+            # Only the request that minted the token hears it (upstream/relay.py checks it again).
+            token = params.get("progressToken")
+            for relay in upstream_session.relays:
+                if relay.upstream_token is not None and relay.upstream_token == token:
+                    await relay.on_notification(method, params)
+        elif method == "notifications/message":
+            live = self._live_relay(upstream_session)
+            if live is not None:
+                await live.on_notification(method, params)  # at the level that call hears
+            elif upstream_session.channel is not None:
+                await upstream_session.channel.notify(method, params)
+
+    @staticmethod
+    def _live_relay(upstream_session: HttpUpstreamSession) -> RequestRelay | None:
+        """The latest request in flight on this session that has a client behind it."""
+        for relay in reversed(upstream_session.relays):
+            if relay.relay is not None:
+                return relay
+        return None
+
+    def _owner_relay(self, upstream_session: HttpUpstreamSession) -> RequestRelay:
+        """Where a request from this session's GET stream is asked: a call of its owner in flight
+        there, else the owner's GET stream, else nobody (the upstream is answered an error)."""
+        live = self._live_relay(upstream_session)
+        if live is not None:
+            return live
+        channel = upstream_session.channel
+        return RequestRelay(ChannelRelay(channel) if channel is not None else None, None)
 
     # ------------------------------------------------------------------ resource subscriptions (issue 9)
 
@@ -812,9 +964,21 @@ class HttpUpstream:
             return
         await self.call("resources/unsubscribe", {"uri": uri}, ctx)
 
-    async def _follow_own_session(self, upstream_session: HttpUpstreamSession) -> None:
-        """Follow this session's GET stream until the session closes; return once it is open."""
-        assert self._task_group is not None
+    async def _follow_own_session(
+        self, upstream_session: HttpUpstreamSession, *, wait_s: float = ACK_TIMEOUT_S
+    ) -> None:
+        """Follow this session's GET stream until the session closes; return once it is open.
+
+        At most ``StreamBudget`` streams per upstream: past it the session is used unfollowed
+        (what it sends outside a request is then lost, and logged once per session).
+        """
+        if self._task_group is None or upstream_session.session_id is None:
+            return  # a stateless upstream session has no GET stream
+        if upstream_session.watch is not None:
+            return
+        if not self._streams.take():
+            logger.warning("upstream %s: GET stream bound reached, a session goes unfollowed", self.name)
+            return
         scope = upstream_session.watch = anyio.CancelScope()
         opened = anyio.Event()
 
@@ -822,18 +986,23 @@ class HttpUpstream:
             await self._on_session_message(message, upstream_session)
 
         async def follow() -> None:
-            with scope:
-                await follow_session_stream(
-                    self._client,
-                    self.url,
-                    self._session_headers(upstream_session),
-                    on_message,
-                    opened=opened,
-                    max_event_bytes=self.spec.max_response_bytes,
-                )
+            try:
+                with scope:
+                    await follow_session_stream(
+                        self._client,
+                        self.url,
+                        self._session_headers(upstream_session),
+                        on_message,
+                        opened=opened,
+                        max_event_bytes=self.spec.max_response_bytes,
+                    )
+            finally:
+                self._follows.discard(scope)
+                self._streams.give_back()
 
+        self._follows.add(scope)
         self._task_group.start_soon(follow)
-        with anyio.move_on_after(ACK_TIMEOUT_S):
+        with anyio.move_on_after(wait_s):
             await opened.wait()
 
     def _resource_updated(self, params: dict[str, Any], upstream_session: HttpUpstreamSession | None) -> None:
