@@ -64,7 +64,7 @@ from bastion.store.health import StoreHealth
 from bastion.surface.limits import SurfaceLimits
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
-from bastion.workers.attachment import AttachmentTracker, sessionless_ref, transport_session_ref
+from bastion.workers.attachment import AttachmentTracker, owner_ref, sessionless_ref, transport_session_ref
 from bastion.workers.late_write import LateWrite
 from bastion.workers.membership import WorkerMembership
 
@@ -330,6 +330,12 @@ class ToolCallPath:
                 log_level=caller.log_level or _requested_log_level(params),
                 client_answers_requests=caller.transport_session is not None,
                 owner=caller.agent,
+                owner_ref=owner_ref(
+                    caller.transport_session.id if caller.transport_session else None,
+                    caller.agent,
+                    caller.principal.agent_session_id,
+                ),
+                agent_session_id=caller.principal.agent_session_id,
             )
             return await upstream.call("tools/call", self._upstream_params(entry, params, arguments), ctx)
 

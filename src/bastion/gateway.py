@@ -635,6 +635,8 @@ class Gateway:
         sessionless = self._sessionless_in_flight.pop(record.agent_session_id, set())
         for cancel_scope in sessionless:
             cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):  # its own stdio processes stop with it (issue 22)
+            await self.fleet.agent_session_ended(record.agent, record.agent_session_id)
         if self.shared_evidence is not None:
             # Its sessionless requests' shared chain closes too, claim issued (after their outcomes).
             try:

@@ -5,7 +5,9 @@ own (role ``upstream``) with its launch provenance (server, PID, host,
 configuration version, the launching gateway worker), and claims its server's
 slot: the generation ``upstream:<server>``, or ``upstream:<owner>:<server>``
 when the registry is scoped to one gateway generation (two replicas on one
-store each launch their own processes, so each needs its own slots).
+store each launch their own processes, so each needs its own slots). A process
+with an owner (issue 22: a client transport session or an agent session) has a
+slot of its own, ``…:<server>:<owner ref>``, and its owner in its provenance.
 
 When a process exits, that one identity is marked failed (never its
 namespace, never the fleet); the replacement the supervisor starts gets a new
@@ -13,8 +15,9 @@ identity and claims the slot with a strictly higher epoch. The registry
 heartbeats the runtimes it launched while they run, so ``bastion workers``
 shows them live.
 
-``StdioUpstream`` calls its ``on_process_event(kind, upstream)`` hook
-synchronously; :meth:`RuntimeRegistry.process_hook` turns those calls into
+``StdioProcess`` calls its ``on_process_event(kind, process)`` hook
+synchronously (``process.runtime_key`` names the process: its server, and its
+owner when it has one); :meth:`RuntimeRegistry.process_hook` turns those calls into
 events handled in order by :meth:`RuntimeRegistry.run`, off the call path.
 """
 
@@ -44,10 +47,11 @@ __all__ = ["LaunchedRuntime", "ProcessHook", "RuntimeRegistry"]
 logger = logging.getLogger(__name__)
 
 ProcessHook = Callable[[str, Any], None]
-"""``hook(kind, upstream)`` with kind ``"started"``/``"exited"`` and ``upstream.name``, ``upstream.pid``."""
+"""``hook(kind, process)``: kind ``"started"``/``"exited"``; ``process.name``, ``process.pid``, and
+``process.runtime_key`` / ``process.owner_ref`` when it has an owner."""
 
 _NAME_CHARS = re.compile(r"[^a-z0-9-]+")
-_Event = tuple[str, str, int, str]  # kind, server, pid, config version
+_Event = tuple[str, str, int, str, str | None]  # kind, runtime key, pid, config version, owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +98,7 @@ class RuntimeRegistry:
         self._settled = anyio.Event()
 
     def slot(self, server: str) -> str:
-        """The generation a process of ``server`` claims."""
+        """The generation a process of ``server`` (a runtime key: ``<server>[:<owner ref>]``) claims."""
         return f"upstream:{server}" if self._owner is None else f"upstream:{self._owner}:{server}"
 
     def current(self, server: str) -> LaunchedRuntime | None:
@@ -102,7 +106,7 @@ class RuntimeRegistry:
         return self._running.get(server)
 
     async def register_launch(
-        self, server_name: str, pid: int, config_version: str
+        self, server_name: str, pid: int, config_version: str, owner: str | None = None
     ) -> tuple[WorkerId, Epoch]:
         """Register a fresh identity for a just-started process of ``server_name`` and claim its slot.
 
@@ -110,23 +114,27 @@ class RuntimeRegistry:
         first. While the slot's holder is live (another process not known to
         this registry, still heartbeating) the claim is retried until its lease
         runs out; a holder whose PID is dead on this host is withdrawn at once.
+        ``server_name`` is a runtime key: ``<server>`` or ``<server>:<owner ref>``, for a process
+        whose ``owner`` (its live client's reference) is recorded in its provenance.
         Raises :class:`StoreError` (:class:`Conflict` when the slot stayed held).
         """
+        server = server_name.split(":", 1)[0]
         previous = self._running.pop(server_name, None)
         if previous is not None:
             await self.mark_failed(previous.worker, "replaced by a new launch")
         record = await register_identity(
             self._store,
-            _worker_name(server_name),
+            _worker_name(server),
             WorkerRole.UPSTREAM,
             {
                 "started_by": "bastion",
                 "launched_by": self._launched_by,
-                "server": server_name,
+                "server": server,
+                "owner": owner,
                 "pid": pid,
                 "host": self._host,
                 "config_version": config_version,
-                "cohort": f"upstream:{server_name}",
+                "cohort": f"upstream:{server}",
                 "lease_s": self._lease_s,
             },
             now=self._clock(),
@@ -209,10 +217,12 @@ class RuntimeRegistry:
 
         def hook(kind: str, upstream: Any) -> None:
             pid = getattr(upstream, "pid", None)
+            key = str(getattr(upstream, "runtime_key", upstream.name))
+            owner = getattr(upstream, "owner_ref", None)
             if kind in ("started", "exited") and isinstance(pid, int):
                 # After run() ended (shutdown) events have nowhere to go; the process hook must not raise.
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    send.send_nowait((kind, str(upstream.name), pid, config_version))
+                    send.send_nowait((kind, key, pid, config_version, owner))
 
         return hook
 
@@ -225,8 +235,8 @@ class RuntimeRegistry:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat_forever)
-                async for kind, server, pid, config_version in receive:
-                    await self._handle(kind, server, pid, config_version)
+                async for kind, server, pid, config_version, owner in receive:
+                    await self._handle(kind, server, pid, config_version, owner)
                 tg.cancel_scope.cancel()  # settle() closed the events: every one is recorded
         finally:
             send.close()
@@ -249,10 +259,10 @@ class RuntimeRegistry:
             self._events = anyio.create_memory_object_stream[_Event](math.inf)
         return self._events
 
-    async def _handle(self, kind: str, server: str, pid: int, config_version: str) -> None:
+    async def _handle(self, kind: str, server: str, pid: int, config_version: str, owner: str | None) -> None:
         try:
             if kind == "started":
-                await self.register_launch(server, pid, config_version)
+                await self.register_launch(server, pid, config_version, owner)
                 return
             running = self._running.get(server)
             if running is not None and running.pid == pid:
