@@ -31,6 +31,8 @@ from bastion.upstream.stdio import StdioUpstream
 from bastion.upstream.streamable_http import HttpUpstreamSession
 from tests.e2e.conftest import TOKENS, RunningGateway, Upstream
 from tests.e2e.issue4_support import entries_with_event
+from tests.e2e.test_serve_process import Serve
+from tests.e2e.test_serve_process import serving as serving  # the fixture
 from tests.e2e.third_party.servers import npm_server
 
 pytestmark = pytest.mark.anyio
@@ -325,3 +327,52 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _serve_config(tmp_path: Path) -> Path:
+    memory = npm_server("memory")
+    everything = npm_server("everything", "stdio")
+    agents = "".join(
+        f'[agents.{name}]\ntoken_sha256 = "{hash_token(token)}"\n' for name, token in TOKENS.items()
+    )
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        # 32 SDK clients on one address hold more than the default 64 connections (issue 22 point 6).
+        "[gateway]\nupstream_timeout_s = 90.0\nmax_connections_per_address = 512\n"
+        f"[servers.memory]\ncommand = {json.dumps(memory[0])}\nargs = {json.dumps(memory[1:])}\n"
+        'env = { MEMORY_FILE_PATH = "{process_dir}/memory.jsonl" }\nmax_processes = 40\ntimeout_s = 60.0\n'
+        f"[servers.everything]\ncommand = {json.dumps(everything[0])}\nargs = {json.dumps(everything[1:])}\n"
+        "max_processes = 40\ntimeout_s = 60.0\n" + agents
+    )
+    return path
+
+
+async def test_through_bastion_serve_no_state_or_roots_cross_32_clients(
+    tmp_path: Path, serving: list[Serve]
+) -> None:
+    """The same probes through the `bastion serve` process an operator runs: 32 concurrent clients of
+    two agents, each with its own server-memory graph and its own roots."""
+    serve = Serve("--config", str(_serve_config(tmp_path)), "--data-dir", str(tmp_path / "data"))
+    serving.append(serve)
+    url = await anyio.to_thread.run_sync(serve.ready_line)
+    gateway = RunningGateway(url.split()[2], None, tmp_path)  # type: ignore[arg-type]
+    seen: dict[int, tuple[set[str], str]] = {}
+
+    async def client_run(index: int) -> None:
+        async def roots(context: Any) -> ListRootsResult:
+            return ListRootsResult(roots=[Root(uri=f"file:///clients/client-{index}")])  # type: ignore[arg-type]
+
+        async with gateway.client(_agent(index), list_roots_callback=roots) as client:
+            await client.call_tool(
+                "memory__create_entities",
+                {"entities": [{"name": f"secret-{index}", "entityType": "note", "observations": []}]},
+            )
+            graph = json.loads(_text(await client.call_tool("memory__read_graph", {})))
+            answer = _text(await client.call_tool("everything__get-roots-list", {}))
+            seen[index] = ({entity["name"] for entity in graph["entities"]}, answer)
+
+    await _all_at_once(CLIENTS, client_run)
+    for index, (names, answer) in seen.items():
+        assert names == {f"secret-{index}"}
+        assert answer.count("file:///clients/") == 1 and f"file:///clients/client-{index}" in answer, answer
+    assert len(seen) == CLIENTS
