@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.stdio import StdioUpstream
 from bastion.upstream.streamable_http import HttpUpstreamSession
+from bastion.workers.liveness import pid_alive, this_host
+from bastion.workers.registry import describe_workers
 from tests.e2e.conftest import TOKENS, RunningGateway, Upstream
 from tests.e2e.issue4_support import entries_with_event
 from tests.e2e.test_serve_process import Serve
@@ -286,6 +289,18 @@ async def test_an_owned_process_is_a_worker_with_its_owner(tmp_path: Path) -> No
             assert {r.provenance["owner"] for r in records if r is not None} == owners
             slots = {runtimes.slot(f"notes:{owner}") for owner in owners}
             assert len(slots) == 2
+            # `bastion workers` names each process's owner from its live attachment record.
+            with anyio.fail_after(15):
+                while True:
+                    views = await describe_workers(
+                        store, now=datetime.now(UTC), lease_s=None, pid_alive=pid_alive, this_host=this_host()
+                    )
+                    shown = {v.worker_id: v.owning_sessions for v in views if v.worker_id in workers}
+                    if all(shown.get(w) for w in workers):
+                        break
+                    await anyio.sleep(0.05)
+            assert {owner for sessions in shown.values() for owner in sessions or ()} == owners
+            assert all(len(sessions or ()) == 1 for sessions in shown.values())
 
 
 async def test_http_session_era_upstream_gets_one_upstream_session_per_client_session(

@@ -51,7 +51,8 @@ ProcessHook = Callable[[str, Any], None]
 ``process.runtime_key`` / ``process.owner_ref`` when it has an owner."""
 
 _NAME_CHARS = re.compile(r"[^a-z0-9-]+")
-_Event = tuple[str, str, int, str, str | None]  # kind, runtime key, pid, config version, owner
+# kind, runtime key, pid, config version, owner reference, namespace
+_Event = tuple[str, str, int, str, str | None, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,7 @@ class RuntimeRegistry:
         host: str | None = None,
         pid_alive: PidAlive = pid_alive,
         fence: Callable[[], Awaitable[None]] | None = None,
+        credentials: Callable[[], tuple[WorkerId, Epoch]] | None = None,
     ) -> None:
         if not lease_s > 0 or not heartbeat_s > 0:
             raise ValueError("lease_s and heartbeat_s must be positive")
@@ -93,6 +95,9 @@ class RuntimeRegistry:
         # Raises StaleEpoch once the launching gateway lost its generation: its runtimes' heartbeats
         # end with it (issue #11 point 4), so a replacement on that generation can claim their slots.
         self._fence = fence
+        # The launching gateway's (worker, epoch): it writes the attachment record that names an owned
+        # process's owner, fenced like any ownership record (issue 22 point 1, seed 004).
+        self._credentials = credentials
         self._running: dict[str, LaunchedRuntime] = {}
         self._events: tuple[MemoryObjectSendStream[_Event], MemoryObjectReceiveStream[_Event]] | None = None
         self._settled = anyio.Event()
@@ -219,10 +224,11 @@ class RuntimeRegistry:
             pid = getattr(upstream, "pid", None)
             key = str(getattr(upstream, "runtime_key", upstream.name))
             owner = getattr(upstream, "owner_ref", None)
+            namespace = getattr(upstream, "namespace", None)
             if kind in ("started", "exited") and isinstance(pid, int):
                 # After run() ended (shutdown) events have nowhere to go; the process hook must not raise.
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    send.send_nowait((kind, key, pid, config_version, owner))
+                    send.send_nowait((kind, key, pid, config_version, owner, namespace))
 
         return hook
 
@@ -235,8 +241,8 @@ class RuntimeRegistry:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat_forever)
-                async for kind, server, pid, config_version, owner in receive:
-                    await self._handle(kind, server, pid, config_version, owner)
+                async for kind, server, pid, config_version, owner, namespace in receive:
+                    await self._handle(kind, server, pid, config_version, owner, namespace)
                 tg.cancel_scope.cancel()  # settle() closed the events: every one is recorded
         finally:
             send.close()
@@ -259,10 +265,18 @@ class RuntimeRegistry:
             self._events = anyio.create_memory_object_stream[_Event](math.inf)
         return self._events
 
-    async def _handle(self, kind: str, server: str, pid: int, config_version: str, owner: str | None) -> None:
+    async def _handle(
+        self, kind: str, server: str, pid: int, config_version: str, owner: str | None, namespace: str | None
+    ) -> None:
         try:
             if kind == "started":
-                await self.register_launch(server, pid, config_version, owner)
+                worker, _ = await self.register_launch(server, pid, config_version, owner)
+                if owner is not None and namespace is not None and self._credentials is not None:
+                    # Its owner, as the live attachment record proves it (never an environment flag).
+                    writer, epoch = self._credentials()
+                    await self._store.record_attachment(
+                        worker, owner, namespace, self._clock(), writer=writer, epoch=epoch
+                    )
                 return
             running = self._running.get(server)
             if running is not None and running.pid == pid:
