@@ -284,7 +284,8 @@ class StdioProcess:
             self._process = None
             await self._stop_process(process)
             if self._on_process_event is not None:
-                self._on_process_event("exited", self)
+                # "stopped": Bastion ended it (its owner ended, it idled out, shutdown), not a crash.
+                self._on_process_event("stopped" if self._closing else "exited", self)
 
     async def _handshake(self) -> None:
         timeout_s = self.spec.timeout_s or 30.0

@@ -47,8 +47,9 @@ __all__ = ["LaunchedRuntime", "ProcessHook", "RuntimeRegistry"]
 logger = logging.getLogger(__name__)
 
 ProcessHook = Callable[[str, Any], None]
-"""``hook(kind, process)``: kind ``"started"``/``"exited"``; ``process.name``, ``process.pid``, and
-``process.runtime_key`` / ``process.owner_ref`` when it has an owner."""
+"""``hook(kind, process)``: kind ``"started"``, ``"exited"`` (it died) or ``"stopped"`` (Bastion
+ended it); ``process.name``, ``process.pid``, and ``process.runtime_key`` / ``process.owner_ref``
+when it has an owner."""
 
 _NAME_CHARS = re.compile(r"[^a-z0-9-]+")
 # kind, runtime key, pid, config version, owner reference, namespace
@@ -225,7 +226,7 @@ class RuntimeRegistry:
             key = str(getattr(upstream, "runtime_key", upstream.name))
             owner = getattr(upstream, "owner_ref", None)
             namespace = getattr(upstream, "namespace", None)
-            if kind in ("started", "exited") and isinstance(pid, int):
+            if kind in ("started", "exited", "stopped") and isinstance(pid, int):
                 # After run() ended (shutdown) events have nowhere to go; the process hook must not raise.
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     send.send_nowait((kind, key, pid, config_version, owner, namespace))
@@ -279,7 +280,11 @@ class RuntimeRegistry:
                     )
                 return
             running = self._running.get(server)
-            if running is not None and running.pid == pid:
+            if running is not None and running.pid == pid and kind == "stopped":
+                # Stopped by Bastion (its owner ended, idle, shutdown): its record ends, quietly.
+                del self._running[server]
+                await self._store.mark_worker_failed(running.worker, f"process {pid} stopped", self._clock())
+            elif running is not None and running.pid == pid:
                 await self.mark_failed(running.worker, f"process {pid} exited")
         except (StoreError, TimeoutError) as exc:
             logger.error(
