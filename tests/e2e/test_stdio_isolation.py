@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from mcp.shared.exceptions import MCPError
 from mcp.types import ListRootsResult, Root
@@ -30,10 +31,19 @@ from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.stdio import StdioUpstream
 from bastion.upstream.streamable_http import HttpUpstreamSession
+from bastion.workers.attachment import sessionless_ref
 from bastion.workers.liveness import pid_alive, this_host
 from bastion.workers.registry import describe_workers
 from tests.e2e.conftest import TOKENS, RunningGateway, Upstream
-from tests.e2e.issue4_support import entries_with_event
+from tests.e2e.issue4_support import (
+    base_config,
+    create_agent_session,
+    entries_with_event,
+    file_gateway,
+    revoke_agent_session,
+    sdk_client,
+    write_config,
+)
 from tests.e2e.test_serve_process import Serve
 from tests.e2e.test_serve_process import serving as serving  # the fixture
 from tests.e2e.third_party.servers import npm_server
@@ -391,3 +401,50 @@ async def test_through_bastion_serve_no_state_or_roots_cross_32_clients(
         assert names == {f"secret-{index}"}
         assert answer.count("file:///clients/") == 1 and f"file:///clients/client-{index}" in answer, answer
     assert len(seen) == CLIENTS
+
+
+async def test_server_everything_offers_its_capability_gated_tools(tmp_path: Path) -> None:
+    """The catalog's listing process declares every capability Bastion bridges (URL-mode elicitation
+    included), so server-everything over stdio lists the four tools it registers only for clients
+    that can answer them (issue 22 point 2)."""
+    config = _config({"everything": _stdio(npm_server("everything", "stdio"))})
+    async with _gateway(tmp_path, config) as gateway, gateway.client("alice") as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+    gated = {
+        "get-roots-list",
+        "trigger-sampling-request",
+        "trigger-elicitation-request",
+        "trigger-url-elicitation",
+    }
+    assert {f"everything__{name}" for name in gated} <= names
+
+
+async def test_revoking_an_agent_session_stops_only_its_process(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
+    """Sessionless requests of two agent sessions run on two processes; revoking one agent session
+    stops its process at once, and the other's goes on serving."""
+    path = tmp_path / "bastion.toml"
+    write_config(path, base_config(tmp_path, tools_upstream.url))
+    async with file_gateway(path, tmp_path / "data") as gw, httpx.AsyncClient(timeout=30) as http:
+        upstream = gw.gateway.fleet.upstreams["notes"]
+        assert isinstance(upstream, StdioUpstream)
+        revoked = await create_agent_session(http, gw.origin, agent="carol")
+        kept = await create_agent_session(http, gw.origin, agent="carol", human="dave@example.com")
+        for session in (revoked, kept):
+            async with sdk_client(gw.url, session.token, mode="auto") as client:
+                assert _text(await client.call_tool("notes__echo", {"text": "x"})) == "x"
+        processes = upstream.owned()
+        assert len(processes) == 2
+        gone = processes[sessionless_ref("carol", revoked.agent_session_id)]
+        stays = processes[sessionless_ref("carol", kept.agent_session_id)]
+        pid = gone.pid
+        assert pid is not None
+        await revoke_agent_session(http, gw.origin, revoked.agent_session_id)
+        assert list(upstream.owned().values()) == [stays]
+        with anyio.fail_after(15):
+            while _alive(pid):
+                await anyio.sleep(0.05)
+        async with sdk_client(gw.url, kept.token, mode="auto") as client:
+            assert _text(await client.call_tool("notes__echo", {"text": "y"})) == "y"
+        assert upstream.owned() == {sessionless_ref("carol", kept.agent_session_id): stays}
