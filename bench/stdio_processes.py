@@ -1,6 +1,7 @@
 """What a stdio process per owner costs (issue 22): first-call latency, RSS, 500 sessions capped and reaped.
 
-    .venv/bin/python bench/stdio_processes.py [--sessions 50] [--churn 500] [--server notes|memory]
+    .venv/bin/python bench/stdio_processes.py [--sessions 50] [--rss-sessions 8] [--churn 500] [--wave 40]
+        [--server notes|memory]         (--sessions 0 / --rss-sessions 0 skip those phases)
 
 Runs a gateway in this process on loopback (``create_app``, as the e2e tests do) in front of one
 stdio server: the bundled notes server (``bastion.examples.notes_server``), or
@@ -10,7 +11,7 @@ stdio server: the bundled notes server (``bastion.examples.notes_server``), or
    ``scope = "transport_session"`` (each session's first call starts its own process) against
    ``scope = "shared"`` (one process): p50/p99 of initialize + first ``tools/call``;
 2. resident set size (VmRSS) of each owned process while ``--rss-sessions`` sessions hold one;
-3. ``--churn`` sessions, 16 at a time, each calls once and then either ends (DELETE, every other
+3. ``--churn`` sessions, ``--wave`` (40) at a time, each calls once and then either ends (DELETE, every other
    one) or goes idle, with ``max_processes = 32`` and ``process_idle_s = 1``: how many were served,
    how many refused ``upstream_capacity``, the most processes seen at once, and how many remain
    once the idle ones are reaped.
@@ -131,7 +132,7 @@ async def rss_per_process(kind: str, count: int, data: Path) -> list[int]:
     return sizes
 
 
-async def churn(kind: str, total: int, data: Path) -> dict[str, Any]:
+async def churn(kind: str, total: int, wave_size: int, data: Path) -> dict[str, Any]:
     async with _gateway(kind, data, max_processes=32, process_idle_s=1.0) as (url, gateway, tool, arguments):
         upstream = gateway.fleet.upstreams["s"]
         assert isinstance(upstream, StdioUpstream)
@@ -160,7 +161,7 @@ async def churn(kind: str, total: int, data: Path) -> dict[str, Any]:
 
         started = time.perf_counter()
         while queue:
-            wave, queue = queue[:16], queue[16:]
+            wave, queue = queue[:wave_size], queue[wave_size:]
             await asyncio.gather(*(one(index) for index in wave))
         wall = time.perf_counter() - started
         deadline = time.monotonic() + 30
@@ -185,20 +186,23 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bastion-bench-stdio-") as tmp:
         base = Path(tmp)
         print(f"server: {args.server}")
-        for scope in ("shared", "transport_session"):
+        for scope in ("shared", "transport_session") if args.sessions else ():
             values = await first_call_latency(args.server, scope, args.sessions, base / f"latency-{scope}")
             p50, p99 = percentile(values, 0.5) * 1000, percentile(values, 0.99) * 1000
             print(
                 f"first call in a new session, scope={scope:<17} n={len(values)}"
                 f"  p50 {p50:7.1f} ms  p99 {p99:7.1f} ms"
             )
-        sizes = await rss_per_process(args.server, args.rss_sessions, base / "rss")
+        sizes = (
+            await rss_per_process(args.server, args.rss_sessions, base / "rss") if args.rss_sessions else []
+        )
         if sizes:
             print(
                 f"RSS per owned process (n={len(sizes)}): median {sizes[len(sizes) // 2] / _MIB:.1f} MiB,"
                 f" max {sizes[-1] / _MIB:.1f} MiB"
             )
-        print("churn:", json.dumps(await churn(args.server, args.churn, base / "churn")))
+        result = await churn(args.server, args.churn, args.wave, base / "churn")
+        print(f"churn (waves of {args.wave}, max_processes 32, process_idle_s 1):", json.dumps(result))
 
 
 if __name__ == "__main__":
@@ -206,5 +210,8 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--rss-sessions", type=int, default=8)
     parser.add_argument("--churn", type=int, default=500)
+    parser.add_argument(
+        "--wave", type=int, default=40, help="sessions at once in the churn (past the cap of 32)"
+    )
     parser.add_argument("--server", choices=("notes", "memory"), default="notes")
     asyncio.run(main(parser.parse_args()))

@@ -218,3 +218,27 @@ async def test_a_restarted_stdio_upstream_is_subscribed_again(gateway: RunningGa
         await _touch(client, "a", "kept")
         await updates.until(uri)
     assert updates.uris == [uri]
+
+
+async def test_an_owned_stdio_process_updates_only_its_own_subscriber(
+    tmp_path: Path,
+    http_surface: str,  # noqa: F811
+) -> None:
+    """With a process per client session (the default, issue 22), two sessions subscribe to the
+    same page on stdio ``a``, each on its own process: a change one session makes on its process
+    reaches it and not the other, whose process never changed."""
+    uri = "bastion://a/doc://pages/same"
+    mine, theirs = Updates(), Updates()
+    async with (
+        _gateway(tmp_path, _config(http_surface)) as running,
+        running.client(message_handler=mine.on_message) as alice,
+        running.client(message_handler=theirs.on_message) as other,
+    ):
+        await alice.subscribe_resource(uri)
+        await other.subscribe_resource(uri)
+        assert await _count(alice, "a", "same") == 1  # one subscriber on each process, not two
+        await _touch(alice, "a", "same")
+        await mine.until(uri)
+        await _touch(other, "a", "same")
+        await theirs.until(uri)
+    assert mine.uris == [uri] and theirs.uris == [uri]

@@ -159,13 +159,14 @@ class StdioUpstream:
         await self.owner_ended(sessionless_ref(agent, agent_session_id))
 
     async def _reap_idle(self) -> None:
-        """Stop each owned process that has had no call for ``process_idle_s``."""
+        """Stop each owned process that has had no call for ``process_idle_s`` and holds no work
+        (no call or parked round in flight, no resource subscription)."""
         idle_s = self.spec.process_idle_s
         while not self._closing:
             await anyio.sleep(max(0.05, min(idle_s / 4, 5.0)))
             now = anyio.current_time()
             for owner, process in list(self._by_owner.items()):
-                if process.in_flight == 0 and now - process.last_used >= idle_s:
+                if not process.holds_work() and now - process.last_used >= idle_s:
                     logger.info("upstream %s: an idle process is stopped", self.name)
                     await self.owner_ended(owner)
 

@@ -181,6 +181,10 @@ class StdioProcess:
         if not self._ready.is_set():
             logger.warning("upstream %s not ready at start: %s", self.name, self._detail)
 
+    def holds_work(self) -> bool:
+        """Whether it has anything its owner still waits on: a call, a parked round, a subscription."""
+        return self.in_flight > 0 or bool(self._pending) or bool(self._resource_subscriptions)
+
     def launch(self, task_group: anyio.abc.TaskGroup) -> None:
         """Start supervising without waiting: an owner's first call waits for the handshake."""
         self._task_group = task_group
