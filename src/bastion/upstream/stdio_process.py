@@ -157,6 +157,9 @@ class StdioProcess:
         self._pending: dict[int, _Pending] = {}
         self._process: anyio.abc.Process | None = None
         self._ready = anyio.Event()
+        # Set (then replaced) each time an attempt to start the process fails: waiters stop waiting.
+        self._attempt_failed = anyio.Event()
+        self._stderr_closed = anyio.Event()
         self._write_lock = anyio.Lock()
         self._task_group: anyio.abc.TaskGroup | None = None
         self._parked = ParkedRounds()
@@ -177,9 +180,22 @@ class StdioProcess:
         self._task_group = task_group
         task_group.start_soon(self._supervise)
         with anyio.move_on_after(self.spec.timeout_s or 30.0):
-            await self._ready.wait()
+            await self._ready_or_failed()
         if not self._ready.is_set():
             logger.warning("upstream %s not ready at start: %s", self.name, self._detail)
+
+    async def _ready_or_failed(self) -> None:
+        """Until the process is ready, or the next attempt to start it fails (a missing command: #26)."""
+        ready, failed = self._ready, self._attempt_failed
+        async with anyio.create_task_group() as tg:
+
+            async def until_ready() -> None:
+                await ready.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(until_ready)
+            await failed.wait()
+            tg.cancel_scope.cancel()
 
     def holds_work(self) -> bool:
         """Whether it has anything its owner still waits on: a call, a parked round, a subscription."""
@@ -225,6 +241,8 @@ class StdioProcess:
                     exc, exit_status=self._exit_status, stderr_tail=self._stderr_tail
                 )
                 logger.warning("upstream %s failed: %s", self.name, self._detail)
+                self._attempt_failed.set()
+                self._attempt_failed = anyio.Event()
             self.first_launch_settled.set()
             if self._closing:
                 return
@@ -242,6 +260,7 @@ class StdioProcess:
 
     async def _run_once(self) -> None:
         self._exit_status = self._stderr_tail = None
+        self._stderr_closed = anyio.Event()
         env = {**os.environ, **{key: self._expand(value) for key, value in self.spec.env.items()}}
         command = [self._expand(part) for part in (self.spec.command or "", *self.spec.args)]
         cwd = self._expand(self.spec.cwd) if self.spec.cwd is not None else None
@@ -268,7 +287,7 @@ class StdioProcess:
                 tg.start_soon(self._drain_stderr, process)
                 tg.start_soon(self._read_loop, process, tg.cancel_scope)
                 try:
-                    await self._handshake()
+                    await self._handshake_while_running(process)
                 finally:
                     if gate is not None:
                         gate.release()
@@ -288,8 +307,30 @@ class StdioProcess:
             self._process = None
             await self._stop_process(process)
             if self._on_process_event is not None:
-                # "stopped": Bastion ended it (its owner ended, it idled out, shutdown), not a crash.
+                # "stopped": ended by aclose (a clean stop: shutdown, its owner ended, idle), not a
+                # failure to log (#26 point 8, issue 22).
                 self._on_process_event("stopped" if self._closing else "exited", self)
+
+    async def _handshake_while_running(self, process: anyio.abc.Process) -> None:
+        """The handshake; a process that ends first fails it at once, not at the timeout (#26 point 1)."""
+        exited = False
+        async with anyio.create_task_group() as tg:
+
+            async def watch_exit() -> None:
+                nonlocal exited
+                await process.wait()
+                with anyio.move_on_after(1.0):
+                    await self._stderr_closed.wait()  # its last stderr line names the cause
+                exited = True
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_exit)
+            await self._handshake()
+            tg.cancel_scope.cancel()
+        if exited:
+            raise UpstreamUnavailable(
+                f"upstream {self.name} ({self.spec.command}) exited before answering initialize"
+            )
 
     async def _handshake(self) -> None:
         timeout_s = self.spec.timeout_s or 30.0
@@ -337,11 +378,14 @@ class StdioProcess:
 
     async def _drain_stderr(self, process: anyio.abc.Process) -> None:
         assert process.stderr is not None
-        async for chunk in TextReceiveStream(process.stderr, errors="replace"):
-            for line in chunk.splitlines():
-                if line.strip():
-                    self._stderr_tail = line[:200]  # named in /readyz if the process dies (issue #12)
-                    logger.debug("upstream %s stderr: %s", self.name, line[:500])
+        try:
+            async for chunk in TextReceiveStream(process.stderr, errors="replace"):
+                for line in chunk.splitlines():
+                    if line.strip():
+                        self._stderr_tail = line[:200]  # named in /readyz if the process dies (issue #12)
+                        logger.debug("upstream %s stderr: %s", self.name, line[:500])
+        finally:
+            self._stderr_closed.set()
 
     async def _read_loop(self, process: anyio.abc.Process, scope: anyio.CancelScope) -> None:
         """Hand each line to ``_on_line``; a line past ``max_response_bytes`` ends the process.
@@ -496,7 +540,7 @@ class StdioProcess:
             if self._ready.is_set():
                 return
         with anyio.move_on_after(min(timeout_s, 10.0)):
-            await self._ready.wait()
+            await self._ready_or_failed()
         if not self._ready.is_set():
             raise UpstreamUnavailable(f"upstream {self.name} is not running: {self._detail}")
 

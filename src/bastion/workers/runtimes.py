@@ -11,7 +11,9 @@ slot of its own, ``…:<server>:<owner ref>``, and its owner in its provenance.
 
 When a process exits, that one identity is marked failed (never its
 namespace, never the fleet); the replacement the supervisor starts gets a new
-identity and claims the slot with a strictly higher epoch. The registry
+identity and claims the slot with a strictly higher epoch. A process the
+gateway itself stopped (a clean shutdown: the ``"stopped"`` event) has its
+liveness withdrawn instead, and no failure is logged. The registry
 heartbeats the runtimes it launched while they run, so ``bastion workers``
 shows them live.
 
@@ -281,9 +283,7 @@ class RuntimeRegistry:
                 return
             running = self._running.get(server)
             if running is not None and running.pid == pid and kind == "stopped":
-                # Stopped by Bastion (its owner ended, idle, shutdown): its record ends, quietly.
-                del self._running[server]
-                await self._store.mark_worker_failed(running.worker, f"process {pid} stopped", self._clock())
+                await self._mark_stopped(server, running, pid)
             elif running is not None and running.pid == pid:
                 await self.mark_failed(running.worker, f"process {pid} exited")
         except (StoreError, TimeoutError) as exc:
@@ -291,6 +291,14 @@ class RuntimeRegistry:
                 "could not record an upstream runtime event",
                 extra={"server": server, "event": kind, "error": str(exc)},
             )
+
+    async def _mark_stopped(self, server: str, running: LaunchedRuntime, pid: int) -> None:
+        """A process the gateway stopped on purpose: not live any more, and no failure (#26 point 8)."""
+        del self._running[server]
+        await self._store.withdraw_liveness(
+            running.worker, now=self._clock(), reason=f"process {pid} stopped by its gateway"
+        )
+        logger.info("upstream runtime stopped", extra={"worker": running.worker, "reason": "stopped"})
 
     async def _heartbeat_forever(self) -> None:
         while True:
