@@ -191,7 +191,8 @@ class StdioUpstream:
         process = self._by_owner.get(owner) or self._spawn(owner, ctx)
         if holder is not None and not holder.closed:
             holder.put(self.name, process)
-            self._held_in.setdefault(owner, []).append(holder)
+            # Holders that closed (a listen stream that ended) are let go here.
+            self._held_in[owner] = [h for h in self._held_in.get(owner, []) if not h.closed] + [holder]
         return process
 
     def _spawn(self, owner: str, ctx: CallContext) -> StdioProcess:
