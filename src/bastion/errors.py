@@ -25,6 +25,7 @@
     │  └─ TaskRequired (-32080: the upstream insists on a task, which is not relayed; issue 24)
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
     │  └─ UpstreamResponseTooLarge (an UpstreamProtocolError: a message over servers.NAME.max_response_bytes)
+    │  └─ UpstreamCapacity (no process for this owner: a process bound is reached; nothing was sent)
     └─ StoreError             StaleEpoch   NotDurable   Conflict   GenerationHeld (start refused)
                               StoreMissing   StoreForeign (start refused: issue #23)
 
@@ -94,6 +95,7 @@ __all__ = [
     "UnknownTool",
     "UnsupportedMediaType",
     "UnsupportedProtocolVersion",
+    "UpstreamCapacity",
     "UpstreamError",
     "UpstreamProtocolError",
     "UpstreamResponseTooLarge",
@@ -153,6 +155,7 @@ class Reason(enum.StrEnum):
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
     OUTCOME_UNKNOWN = "outcome_unknown"
     UPSTREAM_RESPONSE_TOO_LARGE = "upstream_response_too_large"
+    UPSTREAM_CAPACITY = "upstream_capacity"
     STORE_ERROR = "store_error"
     STALE_EPOCH = "stale_epoch"
     NOT_DURABLE = "not_durable"
@@ -556,6 +559,19 @@ class UpstreamResponseTooLarge(UpstreamProtocolError):
     reason = Reason.UPSTREAM_RESPONSE_TOO_LARGE
     jsonrpc_code = -32064
     default_message = "Upstream answered a message larger than the gateway accepts"
+
+
+class UpstreamCapacity(UpstreamError):
+    """No upstream process can be started for this owner: a bound on processes is reached (issue 22).
+
+    Never answered by falling back to another owner's or a shared process; nothing was sent.
+    ``data`` names the ``bound`` (``server`` or ``gateway``) and its ``limit``.
+    """
+
+    reason = Reason.UPSTREAM_CAPACITY
+    jsonrpc_code = -32065
+    may_have_acted_default = False
+    default_message = "No upstream process is available for this client: a process bound is reached"
 
 
 class OutcomeUnknown(UpstreamError):

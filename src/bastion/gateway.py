@@ -57,7 +57,7 @@ from bastion.policy.digest import snapshot_digest
 from bastion.policy.load import load_snapshot
 from bastion.policy.reload import SnapshotHolder
 from bastion.policy.shared_limits import StoreRateLimiter
-from bastion.policy.snapshot import Snapshot
+from bastion.policy.snapshot import ProcessScope, Snapshot
 from bastion.propagation.feed import PollingChangeFeed, notifications_for
 from bastion.propagation.follower import ReplicaFollower
 from bastion.propagation.policy_status import read_fleet_policy, report_policy
@@ -79,6 +79,7 @@ from bastion.store.select import SQLITE_FILE, open_store
 from bastion.tracing import Tracing
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
+from bastion.upstream.stdio import StdioUpstream
 from bastion.workers.attachment import (
     AttachmentTracker,
     SurfaceChange,
@@ -387,6 +388,7 @@ class Gateway:
             owner=options.generation,
             launched_by=self.membership.worker,
             fence=self.membership.check_current,  # runtime heartbeats end with this gateway's epoch
+            credentials=self.membership.credentials,  # an owned process's owner record (issue 22)
         )
         self._runtime_hook = self.runtimes.process_hook(self.policy.current.version)
         task_group.start_soon(self.runtimes.run)  # ended by runtimes.settle() at shutdown
@@ -576,6 +578,8 @@ class Gateway:
         def worker_for(namespace: str) -> WorkerId | None:
             for name, upstream in self.fleet.upstreams.items():
                 if upstream.namespace == namespace:
+                    if isinstance(upstream, StdioUpstream) and upstream.scope is not ProcessScope.SHARED:
+                        return None  # its processes' owners are recorded as they start (runtimes.py)
                     runtime = self.runtimes.current(name) if self.runtimes is not None else None
                     return runtime.worker if runtime is not None else worker
             return None
@@ -663,6 +667,8 @@ class Gateway:
         sessionless = self._sessionless_in_flight.pop(record.agent_session_id, set())
         for cancel_scope in sessionless:
             cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):  # its own stdio processes stop with it (issue 22)
+            await self.fleet.agent_session_ended(record.agent, record.agent_session_id)
         if self.shared_evidence is not None:
             # Its sessionless requests' shared chain closes too, claim issued (after their outcomes).
             try:

@@ -34,9 +34,17 @@ pytestmark = [
 SESSIONS = 32
 
 
+def _shared_config(http_surface: str) -> dict[str, Any]:  # noqa: F811
+    """The surface servers, stdio ``a`` declared stateless: one process, its subscriptions counted
+    (issue 22: the operator's explicit ``scope = "shared"``; an owned process holds its own)."""
+    config = _config(http_surface)
+    config["servers"]["a"]["scope"] = "shared"
+    return config
+
+
 @pytest.fixture
 async def gateway(tmp_path: Path, http_surface: str) -> AsyncIterator[RunningGateway]:  # noqa: F811
-    async with _gateway(tmp_path, _config(http_surface)) as running:
+    async with _gateway(tmp_path, _shared_config(http_surface)) as running:
         yield running
 
 
@@ -150,7 +158,7 @@ async def test_a_hidden_resource_cannot_be_subscribed_and_is_audited(gateway: Ru
     assert [e["tool"] for e in entries if e["event"] == "completed"] == ["doc://readme"]
 
 
-# a: stdio (shared); b: both eras (the upstream's own listen stream, shared), pinned session era
+# a: stdio (scope shared); b: both eras (the upstream's own listen stream, shared), pinned session era
 # (the listen stream gets its own upstream session and follows its GET stream), pinned sessionless.
 @pytest.mark.parametrize(
     ("server", "era"), [("a", "auto"), ("b", "auto"), ("b", "session"), ("b", "sessionless")]
@@ -163,7 +171,7 @@ async def test_a_listen_stream_hears_only_the_resources_it_named_and_may_see(
 ) -> None:
     """A 2026 client's listen stream names its URIs: hidden ones are left out of the acknowledgment,
     and an update reaches the stream that named that URI, not another listening client."""
-    config = _config(http_surface)
+    config = _shared_config(http_surface)
     if era != "auto":
         config["servers"]["b"]["era"] = era  # b's updates then come on a listen stream Bastion holds
     mine = f"bastion://{server}/doc://pages/1"
@@ -210,3 +218,27 @@ async def test_a_restarted_stdio_upstream_is_subscribed_again(gateway: RunningGa
         await _touch(client, "a", "kept")
         await updates.until(uri)
     assert updates.uris == [uri]
+
+
+async def test_an_owned_stdio_process_updates_only_its_own_subscriber(
+    tmp_path: Path,
+    http_surface: str,  # noqa: F811
+) -> None:
+    """With a process per client session (the default, issue 22), two sessions subscribe to the
+    same page on stdio ``a``, each on its own process: a change one session makes on its process
+    reaches it and not the other, whose process never changed."""
+    uri = "bastion://a/doc://pages/same"
+    mine, theirs = Updates(), Updates()
+    async with (
+        _gateway(tmp_path, _config(http_surface)) as running,
+        running.client(message_handler=mine.on_message) as alice,
+        running.client(message_handler=theirs.on_message) as other,
+    ):
+        await alice.subscribe_resource(uri)
+        await other.subscribe_resource(uri)
+        assert await _count(alice, "a", "same") == 1  # one subscriber on each process, not two
+        await _touch(alice, "a", "same")
+        await mine.until(uri)
+        await _touch(other, "a", "same")
+        await theirs.until(uri)
+    assert mine.uris == [uri] and theirs.uris == [uri]

@@ -253,16 +253,20 @@ async def test_a_transparent_server_keeps_its_uris_and_prompt_names_beside_a_ses
 
 
 async def test_an_upstream_prompts_list_changed_reaches_the_client_and_the_catalog_grows(
-    gateway: RunningGateway,
+    tmp_path: Path, http_surface: str
 ) -> None:
-    """A stdio upstream adds a prompt at run time: the client is told; the new prompt is listed and served."""
+    """A shared stdio upstream adds a prompt at run time: the client is told; the new prompt is listed
+    and served. (With a process per client session, issue 22, a prompt one client's process adds is
+    that process's alone and the gateway-wide catalog does not follow it.)"""
     changed = anyio.Event()
 
     async def on_message(message: Any) -> None:
         if getattr(message, "method", None) == "notifications/prompts/list_changed":
             changed.set()
 
-    async with gateway.client(message_handler=on_message) as client:
+    config = _config(http_surface)
+    config["servers"]["a"]["scope"] = "shared"
+    async with _gateway(tmp_path, config) as gateway, gateway.client(message_handler=on_message) as client:
         assert client.server_capabilities.prompts is not None
         assert client.server_capabilities.prompts.list_changed is True
         grown = await client.call_tool("a__grow_prompt", {"name": "fresh"})

@@ -14,7 +14,7 @@ from bastion.app import create_app
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
-from bastion.upstream.stdio import StdioUpstream
+from bastion.upstream.stdio import StdioProcess, StdioUpstream
 from bastion.upstream.streamable_http import HttpUpstreamSession
 from tests.e2e.conftest import RunningGateway, Upstream, gateway_config
 
@@ -22,30 +22,44 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_stdio_upstream_dies_mid_call_and_is_restarted(running_gateway: RunningGateway) -> None:
-    """The caller gets a clear error, another client's concurrent call completes, the process comes back."""
+    """The caller gets a clear error, another client's concurrent call completes on its own process,
+    and the crashed process comes back for its owner alone (issue 22)."""
     upstream = running_gateway.gateway.fleet.upstreams["notes"]
     assert isinstance(upstream, StdioUpstream)
-    first_pid = upstream.pid
     other_result: list[str] = []
+    bob_started = anyio.Event()
 
     async def other_client() -> None:
         async with running_gateway.client("bob") as client:
+            await client.call_tool("notes__echo", {"text": "warm"})  # bob's own process is up
+            bob_started.set()
             result = await client.call_tool("tools__slow", {"seconds": 0.5, "steps": 2})
             other_result.append(result.content[0].text)  # type: ignore[union-attr]
+            again = await client.call_tool("notes__echo", {"text": "bob after"})
+            other_result.append(again.content[0].text)  # type: ignore[union-attr]
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(other_client)
         async with running_gateway.client() as client:
+            await client.call_tool("notes__echo", {"text": "warm"})
+            with anyio.fail_after(30):
+                await bob_started.wait()
+            assert len(upstream.owned()) == 2  # one process per client session, none shared
+            alice_session = next(s for s in running_gateway.gateway.registry if s.agent == "alice")
+            alice = alice_session.upstream_sessions.get("notes")
+            bob = next(p for p in upstream.owned().values() if p is not alice)
+            assert isinstance(alice, StdioProcess) and alice.pid is not None
+            alice_pid, bob_pid = alice.pid, bob.pid
             with pytest.raises(MCPError) as caught:
                 await client.session.call_tool("notes__crash", {})
+            with anyio.fail_after(15):
+                while alice.pid == alice_pid or not alice.health().connected:
+                    await anyio.sleep(0.05)
+            result = await client.call_tool("notes__echo", {"text": "back"})
+            assert alice_session.upstream_sessions.get("notes") is alice  # restarted for its owner
+    assert bob.pid == bob_pid and bob.restarts == 0  # the other owner's process never noticed
     assert caught.value.error.data["reason"] == "outcome_unknown"
-    assert other_result == ["done"]
-    with anyio.fail_after(15):
-        while upstream.pid == first_pid or not upstream.health().connected:
-            await anyio.sleep(0.05)
-    assert upstream.restarts >= 1
-    async with running_gateway.client() as client:
-        result = await client.call_tool("notes__echo", {"text": "back"})
+    assert other_result == ["done", "bob after"]
     assert result.content[0].text == "back"  # type: ignore[union-attr]
 
 

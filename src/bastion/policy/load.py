@@ -31,6 +31,7 @@ from bastion.policy.snapshot import (
     AgentSpec,
     AuthSettings,
     GatewaySettings,
+    ProcessScope,
     ServerSpec,
     Snapshot,
     UpstreamKind,
@@ -100,10 +101,12 @@ _GATEWAY_KEYS = frozenset(
         "max_requests_per_agent",
         "metrics_agents",
         "access_log",
+        "max_stdio_processes",
+        "stdio_spawn_concurrency",
     }
 )
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
-_STDIO_KEYS = frozenset({"command", "args", "env", "cwd"})
+_STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "scope", "max_processes", "process_idle_s"})
 _SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s", "transparent", "audit_contents"}
 _SERVER_KEYS |= {"max_response_bytes"}
 _AGENT_KEYS = frozenset({"token_sha256", "anonymous"})
@@ -323,6 +326,8 @@ def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
         "max_unauthenticated_connections_per_address",
         "max_requests_per_agent",
         "metrics_agents",
+        "max_stdio_processes",
+        "stdio_spawn_concurrency",
     ):
         if key in table:
             kwargs[key] = ctx.integer(table[key], f"gateway.{key}")
@@ -429,6 +434,7 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
     args = ctx.string_list(table["args"], f"{key}.args") if "args" in table else []
     env = _read_env(ctx, table.get("env"), f"{key}.env")
     cwd = ctx.string(table["cwd"], f"{key}.cwd") if "cwd" in table else None
+    bounds.update(_read_process_scope(ctx, table, key))
     return ctx.build(
         ServerSpec,
         name=name,
@@ -443,6 +449,30 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
         audit_contents=audit_contents,
         **bounds,
     )
+
+
+def _read_process_scope(ctx: _Context, table: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """A stdio server's ``scope``, ``max_processes`` and ``process_idle_s`` (issue 22)."""
+    found: dict[str, Any] = {}
+    if "scope" in table:
+        scope = ctx.string(table["scope"], f"{key}.scope")
+        choices = ", ".join(repr(s.value) for s in ProcessScope)
+        if scope not in {s.value for s in ProcessScope}:
+            raise ctx.error(
+                f"{key}.scope",
+                f"must be one of {choices}: who a process of this server belongs to "
+                '("shared" only for a server that holds no client state)',
+            )
+        found["scope"] = ProcessScope(scope)
+    if "max_processes" in table:
+        found["max_processes"] = ctx.integer(table["max_processes"], f"{key}.max_processes")
+        if found["max_processes"] < 1:
+            raise ctx.error(f"{key}.max_processes", "must be at least 1")
+    if "process_idle_s" in table:
+        found["process_idle_s"] = ctx.number(table["process_idle_s"], f"{key}.process_idle_s")
+        if not found["process_idle_s"] > 0:
+            raise ctx.error(f"{key}.process_idle_s", "must be positive (seconds)")
+    return found
 
 
 def _read_headers(ctx: _Context, value: Any, key: str) -> dict[str, str]:

@@ -28,6 +28,7 @@ __all__ = [
     "AgentSpec",
     "AuthSettings",
     "GatewaySettings",
+    "ProcessScope",
     "ServerSpec",
     "Snapshot",
     "UpstreamKind",
@@ -42,6 +43,17 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 class UpstreamKind(enum.StrEnum):
     HTTP = "http"
     STDIO = "stdio"
+
+
+class ProcessScope(enum.StrEnum):
+    """Who a stdio server's process belongs to (issue 22): never two principals unless ``SHARED``."""
+
+    # One process per client transport session; a sessionless request's is its agent session's.
+    TRANSPORT_SESSION = "transport_session"
+    # One process per agent session (or per agent, for a token without one), in both eras.
+    AGENT_SESSION = "agent_session"
+    # One process for every client: only for a server the operator knows holds no client state.
+    SHARED = "shared"
 
 
 def _frozen_map(value: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -84,6 +96,10 @@ class GatewaySettings:
     # seen by name, every later one `other`), and the access line per governed call.
     metrics_agents: int = 0
     access_log: bool = True
+    # Owned stdio processes (issue 22): at most this many at once over every server, and at
+    # most this many starting (launch and handshake) at once; sized for a 2-core machine.
+    max_stdio_processes: int = 64
+    stdio_spawn_concurrency: int = 4
 
     def __post_init__(self) -> None:
         if self.sse_replay_events < 1 or self.sse_replay_streams < 1 or self.sse_replay_bytes < 1024:
@@ -115,6 +131,8 @@ class GatewaySettings:
             ("max_headers", 8),
             ("max_unauthenticated_connections_per_address", 1),
             ("max_requests_per_agent", 1),
+            ("max_stdio_processes", 1),
+            ("stdio_spawn_concurrency", 1),
         ):
             if getattr(self, key) < least:
                 raise ConfigError(f"gateway.{key} must be at least {least}")
@@ -151,6 +169,11 @@ class ServerSpec:
     # Issue #13 hardening: the largest upstream message read (a JSON body, an SSE event's data, a
     # stdio line); past it reading stops and that connection is dropped (UpstreamResponseTooLarge).
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    # stdio only (issue 22): who a process belongs to, how many of this server's run at once,
+    # and how long an owned process may sit with no call before it is stopped.
+    scope: ProcessScope = ProcessScope.TRANSPORT_SESSION
+    max_processes: int = 32
+    process_idle_s: float = 300.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "headers", _frozen_map(self.headers))
@@ -170,6 +193,10 @@ class ServerSpec:
             raise ConfigError(
                 f"servers.{self.name}.max_response_bytes must be at least {MIN_MAX_RESPONSE_BYTES}"
             )
+        if self.max_processes < 1:
+            raise ConfigError(f"servers.{self.name}.max_processes must be at least 1")
+        if not self.process_idle_s > 0:
+            raise ConfigError(f"servers.{self.name}.process_idle_s must be positive")
 
 
 @dataclass(frozen=True)

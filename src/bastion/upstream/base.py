@@ -178,6 +178,10 @@ class CallContext:
     client_answers_requests: bool = False
     # The agent the call is made for: a parked input round (``input_rounds.py``) resumes only for it.
     owner: str | None = None
+    # The attachment reference of the client behind the request (``ts_…`` its transport session,
+    # ``sl_…`` its agent session's sessionless requests): what owns a stdio process (issue 22).
+    owner_ref: str | None = None
+    agent_session_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -36,6 +36,7 @@ from bastion.upstream.catalog import Collision, ToolEntry, all_collisions, expos
 from bastion.upstream.health import HealthSchedule, UpstreamProber
 from bastion.upstream.http_client import UpstreamHttp
 from bastion.upstream.stdio import StdioUpstream
+from bastion.upstream.stdio_pool import ProcessBudget
 from bastion.upstream.streamable_http import HttpUpstream
 
 __all__ = ["ToolEntry", "UpstreamFleet"]  # ToolEntry lives in upstream/catalog.py
@@ -67,6 +68,8 @@ class UpstreamFleet:
         self._separator = snapshot.gateway.tool_separator
         self._on_namespace_changed = on_namespace_changed
         self._http = UpstreamHttp(read_timeout_s=snapshot.gateway.upstream_timeout_s)
+        # Owned stdio processes over every server of this gateway (issue 22).
+        self._process_budget = ProcessBudget.for_settings(snapshot.gateway)
         self.upstreams: dict[str, Upstream] = {
             name: self._build(spec) for name, spec in snapshot.servers.items()
         }
@@ -103,7 +106,10 @@ class UpstreamFleet:
         if spec.kind is UpstreamKind.HTTP:
             return HttpUpstream(spec, self._http, on_list_changed=self._list_changed)
         return StdioUpstream(
-            spec, on_list_changed=self._list_changed, on_process_event=self._on_process_event
+            spec,
+            on_list_changed=self._list_changed,
+            on_process_event=self._on_process_event,
+            budget=self._process_budget,
         )
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
@@ -400,6 +406,12 @@ class UpstreamFleet:
         await self.refresh_server(server)
         if self._on_namespace_changed is not None:
             await self._on_namespace_changed(self.upstreams[server].namespace)
+
+    async def agent_session_ended(self, agent: str, agent_session_id: str | None) -> None:
+        """An agent session ended (revoked): the stdio processes it owned stop (issue 22)."""
+        for upstream in self.upstreams.values():
+            if isinstance(upstream, StdioUpstream):
+                await upstream.agent_session_ended(agent, agent_session_id)
 
     def health(self) -> list[UpstreamHealth]:
         return [upstream.health() for upstream in self.upstreams.values()]

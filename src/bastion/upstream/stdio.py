@@ -1,89 +1,61 @@
-"""A stdio upstream: a process Bastion launches, supervises and stops (DESIGN section 2 step 7).
+"""A stdio upstream: the processes of one configured stdio server, each with one owner (issue 22).
 
-One process per configured server, one MCP session on its pipes, shared by
-every client behind the gateway; isolation is kept by the gateway, not by the
-process: JSON-RPC ids are minted here, progress tokens are minted per request
-(``upstream/relay.py``), and a response is matched only to the request that
-asked. A server-to-client request (sampling, elicitation, roots) carries no
-wire link to the call that caused it, so it is relayed only when exactly one
-client call is in flight on this process; otherwise it is refused to the
-upstream (fail closed: never guess which client to ask).
+A stdio server is written for one client per process, so its process boundary
+is its isolation (DESIGN section 5, seed 003). This module gives each owner
+its own process, per ``servers.NAME.scope``:
 
-The process is restarted with exponential backoff when it dies; every request
-in flight at that moment fails with ``OutcomeUnknown`` (it was sent). It is
-terminated, then killed, on shutdown.
+- ``transport_session`` (the default): one process per client transport
+  session (held in that session's ``UpstreamSessions``, stopped when the
+  session ends: DELETE, idle expiry, revocation); a sessionless request's
+  process is its agent session's (or its agent's, for a token without one);
+- ``agent_session``: one process per agent session, in both eras;
+- ``shared``: one process for every client (the operator's explicit choice).
+
+Besides the owned processes, one listing process serves no client call (in
+the owned scopes): it builds the gateway-wide catalog and answers readiness.
+An owned process is started at its owner's first need, stopped when its owner
+ends or after ``process_idle_s`` with no call, and bounded per server
+(``max_processes``) and per gateway (``upstream/stdio_pool.py``): at a bound a
+call is refused ``upstream_capacity``, never sent to a process of another
+owner. It is initialized declaring only what its owner's client declared of
+the capabilities Bastion bridges, and a crash restarts it for its owner alone.
+
+Never: a request of one owner on another owner's process.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import json
 import logging
-import os
-import signal
-from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
-from anyio.streams.text import TextReceiveStream
 
-from bastion import __version__
-from bastion.children import guarded_command
-from bastion.errors import (
-    OutcomeUnknown,
-    UpstreamError,
-    UpstreamProtocolError,
-    UpstreamResponseTooLarge,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-)
-from bastion.policy.snapshot import ServerSpec
+from bastion.errors import UpstreamUnavailable
+from bastion.policy.snapshot import GatewaySettings, ProcessScope, ServerSpec
 from bastion.upstream.base import (
-    RESOURCE_UPDATED,
-    SURFACE_LIST_CHANGED,
     CallContext,
-    ClientDeclined,
     ListChangedCallback,
     ResourceUpdatedCallback,
     UpstreamEra,
     UpstreamHealth,
-    UpstreamReplied,
+    UpstreamSessions,
 )
-from bastion.upstream.delivery import NotificationBuffer
-from bastion.upstream.failure import describe_exit, describe_failure
-from bastion.upstream.input_rounds import ParkedRounds, asks_in_rounds, round_trip
-from bastion.upstream.lines import LineOverLimit, LineSplitter
-from bastion.upstream.relay import RequestRelay
-from bastion.versions import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION
-from bastion.wire_value import loads_exact
+from bastion.upstream.stdio_pool import ProcessBudget
+from bastion.upstream.stdio_process import StdioProcess, declared_for
+from bastion.workers.attachment import sessionless_ref
 
-__all__ = ["StdioUpstream"]
+__all__ = ["StdioProcess", "StdioUpstream"]
 
 logger = logging.getLogger(__name__)
 
-# Capabilities declared to a shared stdio process. Each relayed request is still
-# checked against the capabilities of the one client it would reach.
-_DECLARED_CAPABILITIES = {"sampling": {}, "elicitation": {}, "roots": {"listChanged": True}}
-
-
-@dataclass
-class _Pending:
-    relay: RequestRelay
-    capabilities: Mapping[str, Any]
-    buffer: NotificationBuffer
-    done: anyio.Event = field(default_factory=anyio.Event)
-    reply: dict[str, Any] | None = None
-    lost: bool = False
-    # Why it was lost when the cause is known (an oversized message); else OutcomeUnknown.
-    lost_because: Callable[[], UpstreamError] | None = None
+# Owner references of transport sessions (workers/attachment.transport_session_ref): a process
+# with such an owner ends with that session; any other owner's outlives the holders it sits in.
+_TRANSPORT_SESSION_REF = "ts_"
 
 
 class StdioUpstream:
-    """A supervised stdio MCP server process."""
+    """One configured stdio server: its listing process and its owners' processes."""
 
     def __init__(
         self,
@@ -92,484 +64,183 @@ class StdioUpstream:
         on_list_changed: ListChangedCallback | None = None,
         restart_backoff_s: tuple[float, float] = (0.1, 5.0),
         on_process_event: Any = None,
+        budget: ProcessBudget | None = None,
     ) -> None:
-        assert spec.command is not None
         self.spec = spec
         self.name = spec.name
         self.namespace = spec.namespace
         self.era = UpstreamEra.SESSION
-        self._on_list_changed = on_list_changed
-        self.server_capabilities: dict[str, Any] = {}
-        # Set by the fleet: prompts/resources list_changed from this upstream (issue 9).
-        self.on_surface_changed: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
-        # Set by the gateway (surface/subscriptions.py): resources/updated from this process.
-        self.on_resource_updated: ResourceUpdatedCallback | None = None
-        # URIs subscribed on this process (counted by the gateway): made again after a restart.
-        self._resource_subscriptions: set[str] = set()
+        self.scope = spec.scope
+        self._budget = budget if budget is not None else ProcessBudget.for_settings(GatewaySettings())
         self._backoff = restart_backoff_s
         self._on_process_event = on_process_event
-        self._ids = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
-        self._process: anyio.abc.Process | None = None
-        self._ready = anyio.Event()
-        # Set (then replaced) each time an attempt to start the process fails: waiters stop waiting.
-        self._attempt_failed = anyio.Event()
-        self._stderr_closed = anyio.Event()
-        self._write_lock = anyio.Lock()
+        # Builds the catalog; in the shared scope it is also every client's process.
+        self.listing = StdioProcess(
+            spec,
+            on_list_changed=on_list_changed,
+            restart_backoff_s=restart_backoff_s,
+            on_process_event=on_process_event,
+        )
+        # One record per owner: its process, and the holders (client sessions) it sits in.
+        self._by_owner: dict[str, StdioProcess] = {}
+        self._held_in: dict[str, list[UpstreamSessions]] = {}
+        self._resource_updated: ResourceUpdatedCallback | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
-        self._parked = ParkedRounds()
-        self._supervision = anyio.CancelScope()
-        self._detail: str | None = "not started"
-        self._stderr_tail: str | None = None
-        self._exit_status: int | None = None
-        self._tools = 0
-        self.restarts = 0
-        self.pid: int | None = None
         self._closing = False
-        # Set when this process is ended for a known cause: its calls in flight fail with it.
-        self._lost_because: Callable[[], UpstreamError] | None = None
+
+    # ------------------------------------------------------------------ what the fleet reads
+
+    @property
+    def server_capabilities(self) -> dict[str, Any]:
+        return self.listing.server_capabilities
+
+    @property
+    def on_surface_changed(self) -> Any:
+        return self.listing.on_surface_changed
+
+    @on_surface_changed.setter
+    def on_surface_changed(self, callback: Any) -> None:
+        self.listing.on_surface_changed = callback
+
+    @property
+    def on_resource_updated(self) -> ResourceUpdatedCallback | None:
+        return self._resource_updated
+
+    @on_resource_updated.setter
+    def on_resource_updated(self, callback: ResourceUpdatedCallback | None) -> None:
+        self._resource_updated = callback
+        self.listing.on_resource_updated = callback
+        for process in self._by_owner.values():
+            process.on_resource_updated = callback
+
+    @property
+    def pid(self) -> int | None:
+        """The listing process's PID (the shared scope: every client's)."""
+        return self.listing.pid
+
+    @property
+    def restarts(self) -> int:
+        return self.listing.restarts
+
+    def health(self) -> UpstreamHealth:
+        return self.listing.health()
+
+    def owned(self) -> dict[str, StdioProcess]:
+        """The owned processes running now, by owner reference."""
+        return dict(self._by_owner)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
         self._task_group = task_group
-        task_group.start_soon(self._supervise)
-        with anyio.move_on_after(self.spec.timeout_s or 30.0):
-            await self._ready_or_failed()
-        if not self._ready.is_set():
-            logger.warning("upstream %s not ready at start: %s", self.name, self._detail)
-
-    async def _ready_or_failed(self) -> None:
-        """Until the process is ready, or the next attempt to start it fails (a missing command: #26)."""
-        ready, failed = self._ready, self._attempt_failed
-        async with anyio.create_task_group() as tg:
-
-            async def until_ready() -> None:
-                await ready.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(until_ready)
-            await failed.wait()
-            tg.cancel_scope.cancel()
+        await self.listing.start(task_group)
+        if self.scope is not ProcessScope.SHARED:
+            task_group.start_soon(self._reap_idle)
 
     async def aclose(self) -> None:
         self._closing = True
-        self._supervision.cancel()
-        self._parked.cancel_all()
-        await self._stop_process()
-
-    def health(self) -> UpstreamHealth:
-        return UpstreamHealth(
-            name=self.name,
-            namespace=self.namespace,
-            kind="stdio",
-            era=self.era.value,
-            connected=self._ready.is_set(),
-            tools=self._tools,
-            detail=self._detail,
-        )
-
-    async def _supervise(self) -> None:
-        with self._supervision:
-            await self._supervise_forever()
-
-    async def _supervise_forever(self) -> None:
-        delay = self._backoff[0]
-        while not self._closing:
-            try:
-                await self._run_once()
-                delay = self._backoff[0]
-            except Exception as exc:
-                self._detail = describe_failure(
-                    exc, exit_status=self._exit_status, stderr_tail=self._stderr_tail
-                )
-                logger.warning("upstream %s failed: %s", self.name, self._detail)
-                self._attempt_failed.set()
-                self._attempt_failed = anyio.Event()
-            if self._closing:
-                return
-            self.restarts += 1
-            await anyio.sleep(delay)
-            delay = min(delay * 2, self._backoff[1])
-
-    async def _run_once(self) -> None:
-        self._exit_status = self._stderr_tail = None
-        self._stderr_closed = anyio.Event()
-        env = {**os.environ, **dict(self.spec.env)}
-        process = await anyio.open_process(
-            guarded_command([self.spec.command or "", *self.spec.args]),  # ends with Bastion (#11)
-            env=env,
-            cwd=self.spec.cwd,
-            start_new_session=True,
-        )
-        self._process = process
-        self.pid = process.pid
-        if self._on_process_event is not None:
-            self._on_process_event("started", self)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._drain_stderr, process)
-                tg.start_soon(self._read_loop, process, tg.cancel_scope)
-                await self._handshake_while_running(process)
-                if self._resource_subscriptions:
-                    tg.start_soon(self._subscribe_again, set(self._resource_subscriptions))
-                self._ready.set()
-                self._detail = None
-                await process.wait()
-                tg.cancel_scope.cancel()
-        finally:
-            self._ready = anyio.Event()
-            self._exit_status = process.returncode
-            self._detail = describe_exit(process.returncode, self._stderr_tail)
-            self._fail_pending()
-            self._process = None
-            await self._stop_process(process)
-            if self._on_process_event is not None:
-                # "stopped": ended by aclose (a clean stop), not a failure to log (#26 point 8).
-                self._on_process_event("stopped" if self._closing else "exited", self)
-
-    async def _handshake_while_running(self, process: anyio.abc.Process) -> None:
-        """The handshake; a process that ends first fails it at once, not at the timeout (#26 point 1)."""
-        exited = False
-        async with anyio.create_task_group() as tg:
-
-            async def watch_exit() -> None:
-                nonlocal exited
-                await process.wait()
-                with anyio.move_on_after(1.0):
-                    await self._stderr_closed.wait()  # its last stderr line names the cause
-                exited = True
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch_exit)
-            await self._handshake()
-            tg.cancel_scope.cancel()
-        if exited:
-            raise UpstreamUnavailable(
-                f"upstream {self.name} ({self.spec.command}) exited before answering initialize"
-            )
-
-    async def _handshake(self) -> None:
-        timeout_s = self.spec.timeout_s or 30.0
-        with anyio.fail_after(timeout_s, reason=f"no answer to initialize within {timeout_s:g} s"):
-            result = await self._request_raw(
-                "initialize",
-                {
-                    "protocolVersion": LATEST_HANDSHAKE_VERSION,
-                    "capabilities": _DECLARED_CAPABILITIES,
-                    "clientInfo": {"name": "bastion", "version": __version__},
-                },
-                RequestRelay(None, None),
-                {},
-            )
-            capabilities = result.get("capabilities")
-            # What it offers (resources, prompts, completions: issue 9).
-            self.server_capabilities = dict(capabilities) if isinstance(capabilities, dict) else {}
-            if result.get("protocolVersion") not in HANDSHAKE_VERSIONS:
-                raise UpstreamProtocolError(
-                    f"upstream {self.name} negotiated {result.get('protocolVersion')!r}"
-                )
-            await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    def _fail_pending(self) -> None:
-        for pending in self._pending.values():
-            pending.lost, pending.lost_because = True, self._lost_because
-            pending.done.set()
-        self._pending.clear()
-        self._lost_because = None
-
-    async def _stop_process(self, process: anyio.abc.Process | None = None) -> None:
-        process = process or self._process
-        if process is None or process.returncode is not None:
-            return
         with anyio.CancelScope(shield=True):
-            with contextlib.suppress(ProcessLookupError, OSError):
-                os.killpg(process.pid, signal.SIGTERM)
-            with anyio.move_on_after(2):
-                await process.wait()
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError, OSError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                with anyio.move_on_after(2):
-                    await process.wait()
+            async with anyio.create_task_group() as tg:
+                for owner in list(self._by_owner):
+                    tg.start_soon(self.owner_ended, owner)
+            await self.listing.aclose()
 
-    async def _drain_stderr(self, process: anyio.abc.Process) -> None:
-        assert process.stderr is not None
-        try:
-            async for chunk in TextReceiveStream(process.stderr, errors="replace"):
-                for line in chunk.splitlines():
-                    if line.strip():
-                        self._stderr_tail = line[:200]  # named in /readyz if the process dies (issue #12)
-                        logger.debug("upstream %s stderr: %s", self.name, line[:500])
-        finally:
-            self._stderr_closed.set()
-
-    async def _read_loop(self, process: anyio.abc.Process, scope: anyio.CancelScope) -> None:
-        """Hand each line to ``_on_line``; a line past ``max_response_bytes`` ends the process.
-
-        No more than the bound (plus one chunk) is ever held: past it, reading stops, the
-        process is killed (its calls in flight fail with ``UpstreamResponseTooLarge``) and the
-        supervisor starts it again.
-        """
-        assert process.stdout is not None
-        limit = self.spec.max_response_bytes
-        splitter = LineSplitter(limit)
-        async for chunk in process.stdout:
-            try:
-                lines = splitter.feed(chunk)
-            except LineOverLimit:
-                self._drop_oversized(process, limit)
-                return
-            for line in lines:
-                if line.strip():
-                    await self._on_line(line)
-            await anyio.lowlevel.checkpoint()  # let request pumps drain between chunks
-
-    def _drop_oversized(self, process: anyio.abc.Process, limit: int) -> None:
-        logger.warning("upstream %s wrote a message over %d bytes; restarting it", self.name, limit)
-        self._lost_because = lambda: UpstreamResponseTooLarge(
-            f"upstream {self.name} wrote a message over {limit} bytes; its process was restarted",
-            limit_bytes=limit,
-        )
-        with contextlib.suppress(ProcessLookupError, OSError):
-            os.killpg(process.pid, signal.SIGKILL)
-
-    async def _on_line(self, line: bytes) -> None:
-        try:
-            message = loads_exact(line)
-        except ValueError:
-            logger.warning("upstream %s wrote a line that is not JSON", self.name)
+    async def owner_ended(self, owner: str) -> None:
+        """Stop ``owner``'s process, if it has one (its transport or agent session ended)."""
+        process = self._by_owner.pop(owner, None)
+        if process is None:
             return
-        if not isinstance(message, dict):
-            return
-        method = message.get("method")
-        if isinstance(method, str):
-            raw_params = message.get("params")
-            params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
-            if "id" in message:
-                assert self._task_group is not None
-                self._task_group.start_soon(self._answer_server_request, message["id"], method, params)
-            else:
-                await self._on_notification(method, params, len(line))
-            return
-        request_id = message.get("id")
-        pending = self._pending.get(request_id) if isinstance(request_id, int) else None
-        if pending is None:
-            logger.debug("upstream %s answered an unknown request id", self.name)
-            return
-        pending.reply = message
-        pending.done.set()
+        for holder in self._held_in.pop(owner, []):
+            holder.drop(self.name, process)
+        self._budget.give_back()
+        await process.aclose()
 
-    async def _on_notification(self, method: str, params: dict[str, Any], size: int = 0) -> None:
-        if method == RESOURCE_UPDATED:
-            uri = params.get("uri")
-            if isinstance(uri, str) and self.on_resource_updated is not None:
-                self.on_resource_updated(self.name, uri, None)  # one process, shared by every client
-            return
-        if method in SURFACE_LIST_CHANGED:
-            if self.on_surface_changed is not None and self._task_group is not None:
-                # Not awaited here: refreshing sends prompts/list, whose answer this loop must read.
-                self._task_group.start_soon(self.on_surface_changed, self.name, method)
-            return
-        if method == "notifications/tools/list_changed":
-            if self._on_list_changed is not None and self._task_group is not None:
-                # Not awaited here: refreshing sends tools/list, whose answer this very loop must read.
-                self._task_group.start_soon(self._on_list_changed, self.name)
-            return
-        if method == "notifications/progress":
-            token = params.get("progressToken")
-            for pending in list(self._pending.values()):
-                if pending.relay.upstream_token is not None and pending.relay.upstream_token == token:
-                    self._offer(pending, method, params, size)
-                    return
-            return
-        if method == "notifications/message":
-            only = self._only_caller()
-            if only is not None:
-                self._offer(only, method, params, size)
-            return
+    async def agent_session_ended(self, agent: str, agent_session_id: str | None) -> None:
+        await self.owner_ended(sessionless_ref(agent, agent_session_id))
 
-    def _offer(self, pending: _Pending, method: str, params: dict[str, Any], size: int) -> None:
-        """Queue a notification for its client; never waits (a slow client must not stall this reader)."""
-        pending.buffer.offer(method, params, size)
-        if pending.buffer.overflowed and not pending.done.is_set():
-            logger.warning("upstream %s: a client stopped reading its stream; its call is cut", self.name)
-            pending.done.set()
-
-    def _only_caller(self) -> _Pending | None:
-        callers = [p for p in self._pending.values() if p.relay.relay is not None]
-        return callers[0] if len(callers) == 1 else None
-
-    async def _answer_server_request(self, request_id: Any, method: str, params: dict[str, Any]) -> None:
-        reply: dict[str, Any]
-        if method == "ping":
-            reply = {"jsonrpc": "2.0", "id": request_id, "result": {}}
-        else:
-            capability = {
-                "sampling/createMessage": "sampling",
-                "elicitation/create": "elicitation",
-                "roots/list": "roots",
-            }.get(method)
-            only = self._only_caller()
-            if capability is None or only is None or capability not in only.capabilities:
-                reply = {
-                    "jsonrpc": "2.0",
-                    "id": request_id,
-                    "error": {"code": -32601, "message": f"{method} cannot be relayed to a client"},
-                }
-            else:
-                try:
-                    result = await only.relay.on_request(method, params)
-                    reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
-                except ClientDeclined as exc:
-                    reply = {"jsonrpc": "2.0", "id": request_id, "error": exc.error}
-        with contextlib.suppress(UpstreamUnavailable):
-            await self._write(reply)
-
-    async def _write(self, message: dict[str, Any]) -> None:
-        process = self._process
-        if process is None or process.stdin is None or process.returncode is not None:
-            raise UpstreamUnavailable(f"upstream {self.name} is not running")
-        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
-        async with self._write_lock:
-            try:
-                await process.stdin.send(data)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                raise UpstreamUnavailable(f"upstream {self.name} pipe closed") from exc
+    async def _reap_idle(self) -> None:
+        """Stop each owned process that has had no call for ``process_idle_s`` and holds no work
+        (no call or parked round in flight, no resource subscription)."""
+        idle_s = self.spec.process_idle_s
+        while not self._closing:
+            await anyio.sleep(max(0.05, min(idle_s / 4, 5.0)))
+            now = anyio.current_time()
+            for owner, process in list(self._by_owner.items()):
+                if not process.holds_work() and now - process.last_used >= idle_s:
+                    logger.info("upstream %s: an idle process is stopped", self.name)
+                    await self.owner_ended(owner)
 
     # ------------------------------------------------------------------ requests
 
-    async def _await_ready(self, timeout_s: float) -> None:
-        if self._ready.is_set():
-            return
-        with anyio.move_on_after(min(timeout_s, 10.0)):
-            await self._ready_or_failed()
-        if not self._ready.is_set():
-            raise UpstreamUnavailable(f"upstream {self.name} is not running: {self._detail}")
+    def process_for(self, ctx: CallContext) -> StdioProcess:
+        """The process that serves ``ctx``'s client: its owner's, started now if it has none.
 
-    async def _request_raw(
-        self, method: str, params: dict[str, Any], relay: RequestRelay, capabilities: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        request_id = next(self._ids)
-        pending = _Pending(relay, capabilities, NotificationBuffer(relay))
-        self._pending[request_id] = pending
-        sent = False
-        try:
-            async with anyio.create_task_group() as delivery:
-                delivery.start_soon(pending.buffer.pump)
-                try:
-                    await self._write(
-                        {
-                            "jsonrpc": "2.0",
-                            "id": request_id,
-                            "method": method,
-                            "params": relay.outbound_params(params),
-                        }
-                    )
-                    sent = True
-                    await pending.done.wait()
-                finally:
-                    pending.buffer.close()  # what is queued still goes out before the result
-                    if not pending.done.is_set() or pending.buffer.overflowed:
-                        delivery.cancel_scope.cancel()
-        finally:
-            self._pending.pop(request_id, None)
-            if sent and (not pending.done.is_set() or pending.buffer.overflowed):
-                with (
-                    anyio.CancelScope(shield=True),
-                    anyio.move_on_after(2),
-                    contextlib.suppress(UpstreamUnavailable),
-                ):
-                    await self._write(
-                        {
-                            "jsonrpc": "2.0",
-                            "method": "notifications/cancelled",
-                            "params": {"requestId": request_id, "reason": _cancel_reason(pending)},
-                        }
-                    )
-        if pending.buffer.overflowed:
-            raise OutcomeUnknown(f"upstream {self.name}: the client stopped reading its stream; call cut")
-        if pending.lost_because is not None:
-            raise pending.lost_because()
-        if pending.lost or pending.reply is None:
-            raise OutcomeUnknown(f"upstream {self.name} exited before answering")
-        reply = pending.reply
-        if isinstance(reply.get("error"), dict):
-            raise UpstreamReplied.checked(reply["error"])
-        result = reply.get("result")
-        if not isinstance(result, dict):
-            raise UpstreamProtocolError(f"upstream {self.name} answered without a result object")
-        return result
+        Raises:
+            UpstreamCapacity: a process bound is reached (never another owner's process instead).
+            UpstreamUnavailable: the gateway is stopping, or the client's session has ended.
+        """
+        if self.scope is ProcessScope.SHARED or ctx.owner_ref is None:
+            return self.listing  # the shared scope, or the gateway's own request (no client)
+        holder = ctx.upstream_sessions
+        held = holder.get(self.name) if holder is not None else None
+        if isinstance(held, StdioProcess) and self._by_owner.get(held.owner_ref or "") is held:
+            return held
+        owner = ctx.owner_ref
+        if self.scope is ProcessScope.AGENT_SESSION:
+            owner = sessionless_ref(ctx.owner or "", ctx.agent_session_id)
+        process = self._by_owner.get(owner) or self._spawn(owner, ctx)
+        if holder is not None and not holder.closed:
+            holder.put(self.name, process)
+            # Holders that closed (a listen stream that ended) are let go here.
+            self._held_in[owner] = [h for h in self._held_in.get(owner, []) if not h.closed] + [holder]
+        return process
+
+    def _spawn(self, owner: str, ctx: CallContext) -> StdioProcess:
+        if self._closing or self._task_group is None:
+            raise UpstreamUnavailable(f"upstream {self.name} is not running")
+        if ctx.upstream_sessions is not None and ctx.upstream_sessions.closed:
+            raise UpstreamUnavailable(f"upstream {self.name}: the client session has ended")
+        self._budget.take(self.name, len(self._by_owner), self.spec.max_processes)
+        process = StdioProcess(
+            self.spec,
+            restart_backoff_s=self._backoff,
+            on_process_event=self._on_process_event,
+            declared_capabilities=declared_for(ctx.client_capabilities),
+            owner_ref=owner,
+            spawn_gate=self._budget.spawn_gate,
+        )
+        process.on_resource_updated = self._resource_updated
+        process.last_used = anyio.current_time()
+        self._by_owner[owner] = process
+        process.launch(self._task_group)
+        return process
 
     async def list_tools(self) -> list[dict[str, Any]]:
-        timeout = self.spec.timeout_s or 30.0
-        await self._await_ready(timeout)
-        tools: list[dict[str, Any]] = []
-        cursor: str | None = None
-        with anyio.fail_after(timeout):
-            for _ in range(100):
-                params: dict[str, Any] = {"cursor": cursor} if cursor else {}
-                result = await self._request_raw("tools/list", params, RequestRelay(None, None), {})
-                page = result.get("tools")
-                if not isinstance(page, list):
-                    raise UpstreamProtocolError(f"{self.name}: tools/list result has no tools array")
-                tools.extend(t for t in page if isinstance(t, dict))
-                cursor = result.get("nextCursor")
-                if not isinstance(cursor, str) or not cursor:
-                    break
-        self._tools = len(tools)
-        return tools
+        return await self.listing.list_tools()
 
     async def call(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
-        await self._await_ready(ctx.timeout_s)
-        relay = RequestRelay.for_call(ctx)
-        try:
-            with anyio.fail_after(ctx.timeout_s):
-                if asks_in_rounds(method, ctx) and self._task_group is not None:
-                    # A sessionless client is asked by input-required rounds (input_rounds.py).
-                    return await round_trip(
-                        self._parked,
-                        self._task_group,
-                        params,
-                        relay,
-                        ctx,
-                        lambda p, wire: self._request_raw(method, p, wire, ctx.client_capabilities),
-                    )
-                return await self._request_raw(method, params, relay, ctx.client_capabilities)
-        except TimeoutError as exc:
-            raise UpstreamTimeout(f"upstream {self.name} did not answer within {ctx.timeout_s:g}s") from exc
+        return await self.process_for(ctx).call(method, params, ctx)
 
     async def close_session(self, upstream_session: Any) -> None:
-        return None
+        """A client session ends: its own process stops; an agent session's stays for its owner."""
+        if not isinstance(upstream_session, StdioProcess) or upstream_session.owner_ref is None:
+            return
+        owner = upstream_session.owner_ref
+        if owner.startswith(_TRANSPORT_SESSION_REF) and self._by_owner.get(owner) is upstream_session:
+            await self.owner_ended(owner)
 
     async def notify_session(self, upstream_session: Any, method: str) -> None:
-        # One session shared by every client: no client's notification is its own to pass on.
-        return None
+        """A client's ``roots/list_changed`` reaches its own process, and no other."""
+        if isinstance(upstream_session, StdioProcess) and upstream_session.owner_ref is not None:
+            await upstream_session.notify(method)
 
-    # Resource subscriptions (issue 9): the one session is every client's, so the gateway counts them.
+    # Resource subscriptions (issue 9): on the owner's process; counted by the gateway when shared.
 
     def shares_resource_feed(self, ctx: CallContext) -> bool:
-        return True
+        return self.scope is ProcessScope.SHARED or ctx.owner_ref is None or ctx.upstream_sessions is None
 
     async def subscribe_resource(self, uri: str, ctx: CallContext) -> None:
-        await self.call("resources/subscribe", {"uri": uri}, ctx)
-        self._resource_subscriptions.add(uri)
+        await self.process_for(ctx).subscribe_resource(uri, ctx)
 
     async def unsubscribe_resource(self, uri: str, ctx: CallContext) -> None:
-        self._resource_subscriptions.discard(uri)
-        await self.call("resources/unsubscribe", {"uri": uri}, ctx)
-
-    async def _subscribe_again(self, uris: set[str]) -> None:
-        """A restarted process knows no subscription: the ones the gateway holds are made again."""
-        for uri in sorted(uris):
-            try:
-                with anyio.fail_after(self.spec.timeout_s or 30.0):
-                    await self._request_raw("resources/subscribe", {"uri": uri}, RequestRelay(None, None), {})
-            except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
-                logger.warning("upstream %s: subscribing to %s again failed: %s", self.name, uri, exc)
-
-
-def _cancel_reason(pending: _Pending) -> str:
-    if pending.buffer.overflowed:
-        return "the client stopped reading its stream"
-    return "cancelled by the client"
+        await self.process_for(ctx).unsubscribe_resource(uri, ctx)

@@ -59,6 +59,7 @@ __all__ = [
     "SurfaceChange",
     "check_attachment",
     "condition_of",
+    "owner_ref",
     "persist_surface_change",
     "session_ref_of_key",
     "sessionless_ref",
@@ -392,6 +393,13 @@ def sessionless_ref(agent: str, agent_session_id: str | None) -> str:
     """
     key = f"{agent}\x00{agent_session_id or ''}"
     return "sl_" + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def owner_ref(transport_session_id: str | None, agent: str, agent_session_id: str | None) -> str:
+    """The reference of whoever a request is made for: its transport session, else its agent session."""
+    if transport_session_id is not None:
+        return transport_session_ref(transport_session_id)
+    return sessionless_ref(agent, agent_session_id)
 
 
 async def persist_surface_change(

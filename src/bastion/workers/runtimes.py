@@ -5,7 +5,9 @@ own (role ``upstream``) with its launch provenance (server, PID, host,
 configuration version, the launching gateway worker), and claims its server's
 slot: the generation ``upstream:<server>``, or ``upstream:<owner>:<server>``
 when the registry is scoped to one gateway generation (two replicas on one
-store each launch their own processes, so each needs its own slots).
+store each launch their own processes, so each needs its own slots). A process
+with an owner (issue 22: a client transport session or an agent session) has a
+slot of its own, ``…:<server>:<owner ref>``, and its owner in its provenance.
 
 When a process exits, that one identity is marked failed (never its
 namespace, never the fleet); the replacement the supervisor starts gets a new
@@ -15,8 +17,9 @@ liveness withdrawn instead, and no failure is logged. The registry
 heartbeats the runtimes it launched while they run, so ``bastion workers``
 shows them live.
 
-``StdioUpstream`` calls its ``on_process_event(kind, upstream)`` hook
-synchronously; :meth:`RuntimeRegistry.process_hook` turns those calls into
+``StdioProcess`` calls its ``on_process_event(kind, process)`` hook
+synchronously (``process.runtime_key`` names the process: its server, and its
+owner when it has one); :meth:`RuntimeRegistry.process_hook` turns those calls into
 events handled in order by :meth:`RuntimeRegistry.run`, off the call path.
 """
 
@@ -46,10 +49,13 @@ __all__ = ["LaunchedRuntime", "ProcessHook", "RuntimeRegistry"]
 logger = logging.getLogger(__name__)
 
 ProcessHook = Callable[[str, Any], None]
-"""``hook(kind, upstream)``: kind ``"started"``/``"exited"``/``"stopped"``; ``upstream.name``, ``.pid``."""
+"""``hook(kind, process)``: kind ``"started"``, ``"exited"`` (it died) or ``"stopped"`` (Bastion
+ended it); ``process.name``, ``process.pid``, and ``process.runtime_key`` / ``process.owner_ref``
+when it has an owner."""
 
 _NAME_CHARS = re.compile(r"[^a-z0-9-]+")
-_Event = tuple[str, str, int, str]  # kind, server, pid, config version
+# kind, runtime key, pid, config version, owner reference, namespace
+_Event = tuple[str, str, int, str, str | None, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,7 @@ class RuntimeRegistry:
         host: str | None = None,
         pid_alive: PidAlive = pid_alive,
         fence: Callable[[], Awaitable[None]] | None = None,
+        credentials: Callable[[], tuple[WorkerId, Epoch]] | None = None,
     ) -> None:
         if not lease_s > 0 or not heartbeat_s > 0:
             raise ValueError("lease_s and heartbeat_s must be positive")
@@ -91,12 +98,15 @@ class RuntimeRegistry:
         # Raises StaleEpoch once the launching gateway lost its generation: its runtimes' heartbeats
         # end with it (issue #11 point 4), so a replacement on that generation can claim their slots.
         self._fence = fence
+        # The launching gateway's (worker, epoch): it writes the attachment record that names an owned
+        # process's owner, fenced like any ownership record (issue 22 point 1, seed 004).
+        self._credentials = credentials
         self._running: dict[str, LaunchedRuntime] = {}
         self._events: tuple[MemoryObjectSendStream[_Event], MemoryObjectReceiveStream[_Event]] | None = None
         self._settled = anyio.Event()
 
     def slot(self, server: str) -> str:
-        """The generation a process of ``server`` claims."""
+        """The generation a process of ``server`` (a runtime key: ``<server>[:<owner ref>]``) claims."""
         return f"upstream:{server}" if self._owner is None else f"upstream:{self._owner}:{server}"
 
     def current(self, server: str) -> LaunchedRuntime | None:
@@ -104,7 +114,7 @@ class RuntimeRegistry:
         return self._running.get(server)
 
     async def register_launch(
-        self, server_name: str, pid: int, config_version: str
+        self, server_name: str, pid: int, config_version: str, owner: str | None = None
     ) -> tuple[WorkerId, Epoch]:
         """Register a fresh identity for a just-started process of ``server_name`` and claim its slot.
 
@@ -112,23 +122,27 @@ class RuntimeRegistry:
         first. While the slot's holder is live (another process not known to
         this registry, still heartbeating) the claim is retried until its lease
         runs out; a holder whose PID is dead on this host is withdrawn at once.
+        ``server_name`` is a runtime key: ``<server>`` or ``<server>:<owner ref>``, for a process
+        whose ``owner`` (its live client's reference) is recorded in its provenance.
         Raises :class:`StoreError` (:class:`Conflict` when the slot stayed held).
         """
+        server = server_name.split(":", 1)[0]
         previous = self._running.pop(server_name, None)
         if previous is not None:
             await self.mark_failed(previous.worker, "replaced by a new launch")
         record = await register_identity(
             self._store,
-            _worker_name(server_name),
+            _worker_name(server),
             WorkerRole.UPSTREAM,
             {
                 "started_by": "bastion",
                 "launched_by": self._launched_by,
-                "server": server_name,
+                "server": server,
+                "owner": owner,
                 "pid": pid,
                 "host": self._host,
                 "config_version": config_version,
-                "cohort": f"upstream:{server_name}",
+                "cohort": f"upstream:{server}",
                 "lease_s": self._lease_s,
             },
             now=self._clock(),
@@ -211,10 +225,13 @@ class RuntimeRegistry:
 
         def hook(kind: str, upstream: Any) -> None:
             pid = getattr(upstream, "pid", None)
+            key = str(getattr(upstream, "runtime_key", upstream.name))
+            owner = getattr(upstream, "owner_ref", None)
+            namespace = getattr(upstream, "namespace", None)
             if kind in ("started", "exited", "stopped") and isinstance(pid, int):
                 # After run() ended (shutdown) events have nowhere to go; the process hook must not raise.
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    send.send_nowait((kind, str(upstream.name), pid, config_version))
+                    send.send_nowait((kind, key, pid, config_version, owner, namespace))
 
         return hook
 
@@ -227,8 +244,8 @@ class RuntimeRegistry:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat_forever)
-                async for kind, server, pid, config_version in receive:
-                    await self._handle(kind, server, pid, config_version)
+                async for kind, server, pid, config_version, owner, namespace in receive:
+                    await self._handle(kind, server, pid, config_version, owner, namespace)
                 tg.cancel_scope.cancel()  # settle() closed the events: every one is recorded
         finally:
             send.close()
@@ -251,10 +268,18 @@ class RuntimeRegistry:
             self._events = anyio.create_memory_object_stream[_Event](math.inf)
         return self._events
 
-    async def _handle(self, kind: str, server: str, pid: int, config_version: str) -> None:
+    async def _handle(
+        self, kind: str, server: str, pid: int, config_version: str, owner: str | None, namespace: str | None
+    ) -> None:
         try:
             if kind == "started":
-                await self.register_launch(server, pid, config_version)
+                worker, _ = await self.register_launch(server, pid, config_version, owner)
+                if owner is not None and namespace is not None and self._credentials is not None:
+                    # Its owner, as the live attachment record proves it (never an environment flag).
+                    writer, epoch = self._credentials()
+                    await self._store.record_attachment(
+                        worker, owner, namespace, self._clock(), writer=writer, epoch=epoch
+                    )
                 return
             running = self._running.get(server)
             if running is not None and running.pid == pid and kind == "stopped":

@@ -11,7 +11,14 @@ import pytest
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
 from bastion.policy.load import load_snapshot, snapshot_from_mapping
-from bastion.policy.snapshot import AgentSpec, GatewaySettings, ServerSpec, Snapshot, UpstreamKind
+from bastion.policy.snapshot import (
+    AgentSpec,
+    GatewaySettings,
+    ProcessScope,
+    ServerSpec,
+    Snapshot,
+    UpstreamKind,
+)
 
 TOKEN_HASH = hashlib.sha256(b"demo-token").hexdigest()
 OTHER_HASH = hashlib.sha256(b"other-token").hexdigest()
@@ -466,7 +473,46 @@ INVALID = [
         "must be at least 1024",
         id="max-response-bytes-too-small",
     ),
+    pytest.param(
+        MINIMAL + 'scope = "per_client"\n',
+        "servers.notes.scope",
+        "must be one of 'transport_session', 'agent_session', 'shared'",
+        id="unknown-process-scope",
+    ),
+    pytest.param(
+        '[servers.tools]\nurl = "http://127.0.0.1:9000/mcp"\nscope = "shared"\n',
+        "servers.tools.scope",
+        "only a stdio server",
+        id="process-scope-on-http-server",
+    ),
+    pytest.param(
+        MINIMAL + "max_processes = 0\n",
+        "servers.notes.max_processes",
+        "must be at least 1",
+        id="max-processes-zero",
+    ),
+    pytest.param(
+        MINIMAL + "process_idle_s = 0\n",
+        "servers.notes.process_idle_s",
+        "must be positive",
+        id="process-idle-not-positive",
+    ),
 ]
+
+
+def test_stdio_processes_are_owned_by_default_and_bounded(tmp_path: Path) -> None:
+    """A stdio server's process belongs to one transport session unless its table says otherwise;
+    the bounds default to 32 per server, 64 per gateway, 4 starting at once, 300 s idle."""
+    text = MINIMAL + '\n[servers.clock]\ncommand = "python"\nscope = "shared"\nmax_processes = 3\n'
+    snapshot = load_snapshot(write(tmp_path, text), environ={})
+    notes, clock = snapshot.servers["notes"], snapshot.servers["clock"]
+    assert (notes.scope, notes.max_processes, notes.process_idle_s) == (
+        ProcessScope.TRANSPORT_SESSION,
+        32,
+        300.0,
+    )
+    assert (clock.scope, clock.max_processes) == (ProcessScope.SHARED, 3)
+    assert (snapshot.gateway.max_stdio_processes, snapshot.gateway.stdio_spawn_concurrency) == (64, 4)
 
 
 def test_max_response_bytes_defaults_to_16_mib_and_is_per_server(tmp_path: Path) -> None:
