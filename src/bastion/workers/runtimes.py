@@ -40,6 +40,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from bastion.errors import Conflict, StaleEpoch, StoreError
 from bastion.ids import Epoch, WorkerId
 from bastion.store.base import Store
+from bastion.store.failure_log import FailureLog
 from bastion.workers.liveness import PidAlive, pid_alive, this_host
 from bastion.workers.registry import WorkerRole, register_identity
 from bastion.workers.takeover import withdraw_if_dead
@@ -102,6 +103,8 @@ class RuntimeRegistry:
         # process's owner, fenced like any ownership record (issue 22 point 1, seed 004).
         self._credentials = credentials
         self._running: dict[str, LaunchedRuntime] = {}
+        # One line per change of the heartbeat's state in a store outage, not one every beat (#23).
+        self._heartbeat_log = FailureLog(logger, "upstream runtime heartbeat")
         self._events: tuple[MemoryObjectSendStream[_Event], MemoryObjectReceiveStream[_Event]] | None = None
         self._settled = anyio.Event()
 
@@ -207,7 +210,7 @@ class RuntimeRegistry:
             except StaleEpoch:
                 return
             except StoreError as exc:
-                logger.warning("upstream runtime heartbeat skipped: %s", exc.message)
+                self._heartbeat_log.failed(exc, note=" (skipped)")
                 return
         for server, running in list(self._running.items()):
             try:
@@ -215,7 +218,9 @@ class RuntimeRegistry:
             except StaleEpoch:
                 self._running.pop(server, None)
             except StoreError as exc:
-                logger.warning("upstream runtime heartbeat failed: %s", exc.message)
+                self._heartbeat_log.failed(exc)
+                return
+        self._heartbeat_log.worked()
 
     # ------------------------------------------------------------------ the process hook
 

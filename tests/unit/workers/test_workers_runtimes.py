@@ -15,7 +15,7 @@ import anyio
 import pytest
 from workers_support import HOST, LEASE_S, T0, Clock
 
-from bastion.errors import StaleEpoch
+from bastion.errors import NotDurable, StaleEpoch
 from bastion.ids import WorkerId
 from bastion.store.base import Store
 from bastion.store.sqlite import SqliteStore
@@ -247,3 +247,29 @@ async def test_a_replacement_gateway_takes_the_runtime_slot_of_a_superseded_one_
     withdrawn = await store.get_worker(stale_runtime)
     assert epoch == 2 and fresh != stale_runtime
     assert withdrawn is not None and withdrawn.withdraw_reason == "its launching gateway was superseded"
+
+
+async def test_a_store_outage_is_logged_once_not_every_heartbeat(
+    store: SqliteStore, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fence that keeps failing in an outage gives one warning, and one line when it works again (#23)."""
+    failing = True
+
+    async def fence() -> None:
+        if failing:
+            raise NotDurable("the write could not be made durable")
+
+    runtimes = RuntimeRegistry(
+        store, clock=clock, lease_s=LEASE_S, heartbeat_s=LEASE_S / 3, owner="g1", host=HOST, fence=fence
+    )
+    caplog.set_level("DEBUG", logger="bastion.workers.runtimes")
+    for _ in range(5):
+        await runtimes.heartbeat_once()
+    failing = False
+    await runtimes.heartbeat_once()
+    await runtimes.heartbeat_once()
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    infos = [r for r in caplog.records if r.levelname == "INFO" and "works again" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "upstream runtime heartbeat failed" in warnings[0].getMessage()
+    assert len(infos) == 1
