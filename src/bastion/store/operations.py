@@ -47,6 +47,7 @@ from bastion.store.rows import (
     to_us,
 )
 from bastion.store.statements import Op, OpFactory, one, rows
+from bastion.store.task_operations import TaskOperations
 from bastion.store.token_buckets import BucketTake, TokensRefused
 
 __all__ = ["StoreOperations"]
@@ -54,7 +55,7 @@ __all__ = ["StoreOperations"]
 T = TypeVar("T")
 
 
-class StoreOperations(ReplicaRecordOperations):
+class StoreOperations(ReplicaRecordOperations, TaskOperations):
     """Every contract method, over :meth:`_write` and :meth:`_read`."""
 
     async def _write(self, op: OpFactory[T]) -> T:

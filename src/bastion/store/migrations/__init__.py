@@ -16,6 +16,7 @@ from bastion.store.migrations import (
     postgres_0002_token_buckets,
     postgres_0003_entries_by_execution,
     postgres_0004_replicas,
+    postgres_0006_tasks,
     sqlite_0001_initial,
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
@@ -24,6 +25,7 @@ from bastion.store.migrations import (
     sqlite_0006_entries_by_execution,
     sqlite_0007_replicas,
     sqlite_0008_entries_appended,
+    sqlite_0010_tasks,
 )
 
 __all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS", "Migration"]
@@ -45,6 +47,9 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "entries_by_execution", sqlite_0006_entries_by_execution.STATEMENTS),
     Migration(7, "replicas", sqlite_0007_replicas.STATEMENTS),
     Migration(8, "entries_appended", sqlite_0008_entries_appended.STATEMENTS),
+    # Reserved for the store-faults branch's store_owner (its sqlite_0009); replaced at merge.
+    Migration(9, "reserved_store_owner", ()),
+    Migration(10, "tasks", sqlite_0010_tasks.STATEMENTS),
 )
 
 POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
@@ -52,6 +57,9 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "token_buckets", postgres_0002_token_buckets.STATEMENTS),
     Migration(3, "entries_by_execution", postgres_0003_entries_by_execution.STATEMENTS),
     Migration(4, "replicas", postgres_0004_replicas.STATEMENTS),
+    # Reserved for the store-faults branch's store_owners (its postgres_0005); replaced at merge.
+    Migration(5, "reserved_store_owners", ()),
+    Migration(6, "tasks", postgres_0006_tasks.STATEMENTS),
 )
 
 # Each list is dense and ordered: migration n sits at index n - 1.
