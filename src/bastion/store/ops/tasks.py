@@ -66,7 +66,8 @@ def create_task(task_id: str, task: NewTask, now: datetime, now_us: int) -> Op[T
 def get_task(
     task_id: str, agent: AgentId, agent_session_id: str | None, now: datetime, *, lock: str = ""
 ) -> Op[TaskRecord | None]:
-    yield from _owner_may_act(agent_session_id, now, lock)
+    # A write locks the task row; the agent session only against a concurrent revocation.
+    yield from _owner_may_act(agent_session_id, now, "FOR SHARE" if lock else "")
     row = yield from one(
         SELECT_TASK + _OWNED + " AND task_id = ?", agent, agent_session_id, task_id, lock=lock
     )
