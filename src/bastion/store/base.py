@@ -84,6 +84,7 @@ from bastion.admission.states import ExecutionState
 from bastion.audit.entry import AuditEntry
 from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
 from bastion.store.replicas import ReplicaRecords
+from bastion.store.tasks import TaskStore
 from bastion.store.token_buckets import TokenBucketStore
 
 __all__ = [
@@ -325,7 +326,7 @@ class CredentialRecord:
     renewed_from: str | None
 
 
-class Store(ReplicaRecords, TokenBucketStore, Protocol):
+class Store(ReplicaRecords, TokenBucketStore, TaskStore, Protocol):
     """The one storage contract. Every method is a coroutine; times are timezone-aware.
 
     Each write below is one atomic transaction. Engines may commit several

@@ -52,6 +52,7 @@ from bastion.store.rows import (
     to_us,
 )
 from bastion.store.statements import Op, OpFactory, one, rows
+from bastion.store.task_operations import TaskOperations
 from bastion.store.token_buckets import BucketTake, TokensRefused
 
 __all__ = ["StoreOperations"]
@@ -59,7 +60,7 @@ __all__ = ["StoreOperations"]
 T = TypeVar("T")
 
 
-class StoreOperations(ReplicaRecordOperations):
+class StoreOperations(ReplicaRecordOperations, TaskOperations):
     """Every contract method, over :meth:`_write` and :meth:`_read`."""
 
     async def _write(self, op: OpFactory[T]) -> T:

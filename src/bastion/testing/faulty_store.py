@@ -44,6 +44,7 @@ from bastion.store.base import (
 )
 from bastion.store.token_buckets import BucketTake, TokensRefused
 from bastion.testing.replicas_passthrough import ReplicaRecordsPassthrough
+from bastion.testing.tasks_passthrough import TaskStorePassthrough
 
 __all__ = ["FailPoint", "FailWhen", "FaultyStore"]
 
@@ -74,7 +75,7 @@ FailPoint = Literal[
 FailWhen = Literal["before_commit", "after_commit"]
 
 
-class FaultyStore(ReplicaRecordsPassthrough):
+class FaultyStore(ReplicaRecordsPassthrough, TaskStorePassthrough):
     """Wraps ``inner`` and makes ``fail_at`` raise :class:`NotDurable` ``times`` times."""
 
     def __init__(

@@ -76,7 +76,7 @@ async def test_version_1_file_is_upgraded_and_keeps_its_data(tmp_path: Path) -> 
         )
         assert done.state is ExecutionState.COMPLETED
 
-    assert schema_version(db) == len(SQLITE_MIGRATIONS) == 9
+    assert schema_version(db) == len(SQLITE_MIGRATIONS) == 10
     conn = raw(db)
     try:
         indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
@@ -124,7 +124,7 @@ async def test_version_7_entries_move_to_a_table_appended_by_rowid_unchanged(tmp
         found = await store.find_entries(ExecutionId(f"x-{sessions[1]}-3"), agent=AGENT)
         assert found == [written[sessions[1]][3]]
 
-    assert schema_version(db) == 9
+    assert schema_version(db) == len(SQLITE_MIGRATIONS)
     conn = raw(db)
     try:
         table = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'entries'").fetchone()[0]

@@ -17,6 +17,7 @@ from bastion.store.migrations import (
     postgres_0003_entries_by_execution,
     postgres_0004_replicas,
     postgres_0005_store_owners,
+    postgres_0006_tasks,
     sqlite_0001_initial,
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
@@ -26,6 +27,7 @@ from bastion.store.migrations import (
     sqlite_0007_replicas,
     sqlite_0008_entries_appended,
     sqlite_0009_store_owner,
+    sqlite_0010_tasks,
 )
 
 __all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS", "Migration"]
@@ -48,6 +50,7 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "replicas", sqlite_0007_replicas.STATEMENTS),
     Migration(8, "entries_appended", sqlite_0008_entries_appended.STATEMENTS),
     Migration(9, "store_owner", sqlite_0009_store_owner.STATEMENTS),
+    Migration(10, "tasks", sqlite_0010_tasks.STATEMENTS),
 )
 
 POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
@@ -56,6 +59,7 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "entries_by_execution", postgres_0003_entries_by_execution.STATEMENTS),
     Migration(4, "replicas", postgres_0004_replicas.STATEMENTS),
     Migration(5, "store_owners", postgres_0005_store_owners.STATEMENTS),
+    Migration(6, "tasks", postgres_0006_tasks.STATEMENTS),
 )
 
 # Each list is dense and ordered: migration n sits at index n - 1.

@@ -27,9 +27,9 @@ def select_agent_session(agent_session_id: str, *, lock: str = "") -> Op[AgentSe
     return None if row is None else agent_session_from_row(row)
 
 
-def usable_agent_session(agent_session_id: str, now: datetime) -> Op[None]:
+def usable_agent_session(agent_session_id: str, now: datetime, *, lock: str = "FOR SHARE") -> Op[None]:
     """Raise unless the agent session exists, is not revoked and has not expired at ``now``."""
-    record = yield from select_agent_session(agent_session_id, lock="FOR SHARE")
+    record = yield from select_agent_session(agent_session_id, lock=lock)
     if record is None:
         raise Conflict("unknown agent session", agent_session_id=agent_session_id)
     if record.revoked_at is not None:
