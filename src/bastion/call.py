@@ -444,7 +444,7 @@ class ToolCallPath:
                 if self._tracing is None:
                     answer = await upstream.call("tools/call", request, ctx)
                 else:
-                    with self._tracing.child("bastion.upstream"):
+                    with self._tracing.child("bastion.upstream", current=True):
                         # The gateway's span context goes upstream (the HTTP upstream's headers too).
                         answer = await upstream.call("tools/call", inject_meta(request), ctx)
             finally:

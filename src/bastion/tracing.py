@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -31,9 +32,21 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_current_span
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    get_current_span,
+    set_span_in_context,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -66,11 +79,23 @@ def _wanted(environ: Mapping[str, str]) -> bool:
     return bool(endpoint)
 
 
-class Tracing:
-    """This gateway's tracer, exporting over OTLP/HTTP."""
+_SCOPE = InstrumentationScope("bastion")
 
-    def __init__(self, provider: TracerProvider) -> None:
+
+class Tracing:
+    """This gateway's tracer, exporting over OTLP/HTTP.
+
+    The call span is the SDK's; a step of the call (:meth:`child`) is cheaper: its times are
+    taken on the way in and out and the finished span goes straight to this gateway's batch
+    processor, without the SDK's per-span sampler, locks and processor fan-out (a step is
+    sampled with its call). Only a step that is ``current=True`` (its context goes upstream)
+    is made the current context while it runs."""
+
+    def __init__(self, provider: TracerProvider, processor: SpanProcessor) -> None:
         self._provider = provider
+        self._processor = processor  # the one processor of this provider (batched export)
+        self._resource = provider.resource
+        self._ids = RandomIdGenerator()
         self.tracer: Tracer = provider.get_tracer("bastion")
 
     @classmethod
@@ -93,8 +118,9 @@ class Tracing:
         endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         if not endpoint and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
             endpoint = env["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint or None)))
-        return cls(provider)
+        processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint or None))
+        provider.add_span_processor(processor)
+        return cls(provider, processor)
 
     def shutdown(self) -> None:
         """Export what is still batched, then stop (blocking: run it in a worker thread)."""
@@ -109,9 +135,69 @@ class Tracing:
         ) as span:
             yield span
 
-    def child(self, name: str) -> AbstractContextManager[Any]:
-        """A child span of the current one (a step of the call)."""
-        return self.tracer.start_as_current_span(name, kind=SpanKind.INTERNAL, record_exception=False)
+    def child(self, name: str, *, current: bool = False) -> AbstractContextManager[Any]:
+        """A child span of the current one (a step of the call), the current context while it
+        runs only when ``current`` (a step whose context is passed on); nothing when the current
+        span is not sampled."""
+        parent = get_current_span().get_span_context()
+        if not parent.trace_flags.sampled:
+            return NO_SPAN
+        return _Step(self, name, parent, current)
+
+    def _export(self, step: _Step, end_ns: int, failed: BaseException | None) -> None:
+        status = Status(StatusCode.UNSET)
+        if failed is not None:  # the type only: an exception's text may carry a value
+            status = Status(StatusCode.ERROR, type(failed).__name__)
+        self._processor.on_end(
+            ReadableSpan(
+                step.name,
+                context=step.context,
+                parent=step.parent,
+                resource=self._resource,
+                attributes=step.attributes,
+                kind=SpanKind.INTERNAL,
+                status=status,
+                start_time=step.start_ns,
+                end_time=end_ns,
+                instrumentation_scope=_SCOPE,
+            )
+        )
+
+
+class _Step:
+    """One step of a call: a child span, exported when it ends (:meth:`Tracing.child`)."""
+
+    __slots__ = ("_current", "_token", "_tracing", "attributes", "context", "name", "parent", "start_ns")
+
+    def __init__(self, tracing: Tracing, name: str, parent: SpanContext, current: bool) -> None:
+        self._tracing, self.name, self.parent, self._current = tracing, name, parent, current
+        self.context = SpanContext(
+            parent.trace_id,
+            tracing._ids.generate_span_id(),
+            is_remote=False,
+            trace_flags=parent.trace_flags,
+            trace_state=parent.trace_state,
+        )
+        self.attributes: dict[str, Any] | None = None
+        self._token: object | None = None
+        self.start_ns = 0
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self.attributes is None:
+            self.attributes = {}
+        self.attributes[key] = value
+
+    def __enter__(self) -> _Step:
+        if self._current:
+            self._token = otel_context.attach(set_span_in_context(NonRecordingSpan(self.context)))
+        self.start_ns = time.time_ns()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        end_ns = time.time_ns()
+        if self._token is not None:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+        self._tracing._export(self, end_ns, exc)
 
 
 def child_span(tracing: Tracing | None, name: str) -> AbstractContextManager[Any]:
