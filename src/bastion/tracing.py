@@ -16,12 +16,14 @@ upstream, in the request headers too (:func:`inject_headers`).
 
 Attributes follow the OpenTelemetry semantic conventions for MCP where they exist
 (``mcp.method.name``, ``gen_ai.tool.name``, ``gen_ai.operation.name``, ``jsonrpc.request.id``,
-``error.type``) plus Bastion's own (``bastion.*``). Never a credential, an argument or a
-result value.
+``error.type``) plus Bastion's own (``bastion.*``). Never a credential; an argument or a result
+value only for a server with the ``audit_contents`` opt-in (``gen_ai.tool.call.arguments`` and
+``gen_ai.tool.call.result``, JSON, under the SDK's attribute length limit).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -57,6 +59,7 @@ __all__ = [
     "child_span",
     "inject_headers",
     "inject_meta",
+    "record_contents",
     "set_outcome",
     "trace_id_of_current",
 ]
@@ -203,6 +206,14 @@ class _Step:
 def child_span(tracing: Tracing | None, name: str) -> AbstractContextManager[Any]:
     """``tracing.child(name)``, or nothing when tracing is off (no cost beyond this call)."""
     return NO_SPAN if tracing is None else tracing.child(name)
+
+
+def record_contents(key: str, value: Any) -> None:
+    """A value itself on the current (call) span, as JSON under ``key``: only for a server whose
+    ``audit_contents`` opt-in says so (the caller checks it); a no-op when nothing is traced."""
+    span = get_current_span()
+    if span.is_recording():
+        span.set_attribute(key, json.dumps(value, separators=(",", ":"), default=str))
 
 
 def set_outcome(span: Span, outcome: str, reason: str) -> None:
