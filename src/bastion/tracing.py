@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -59,6 +60,7 @@ __all__ = [
     "child_span",
     "inject_headers",
     "inject_meta",
+    "note_authentication",
     "record_contents",
     "set_outcome",
     "trace_id_of_current",
@@ -68,6 +70,9 @@ logger = logging.getLogger(__name__)
 
 _PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent/tracestate, stateless
 _TRACE_KEYS = ("traceparent", "tracestate")
+#: When this request authenticated (start and end, ns since the epoch): the call span that
+#: follows in the same context takes it as its authentication step (:func:`note_authentication`).
+_AUTHENTICATED: ContextVar[tuple[int, int] | None] = ContextVar("bastion_authenticated", default=None)
 #: A context manager that is no span (tracing off): reusable, it holds no state.
 NO_SPAN: AbstractContextManager[None] = nullcontext()
 
@@ -133,9 +138,21 @@ class Tracing:
     def call_span(self, name: str, meta: Any, attributes: dict[str, Any]) -> Iterator[Span]:
         """The span of one governed request, current while it runs, parented by the client's context."""
         parent = _context_from_meta(meta)
+        authenticated = _AUTHENTICATED.get()
+        if authenticated is not None:
+            _AUTHENTICATED.set(None)  # one call's: a later request in this context authenticates anew
         with self.tracer.start_as_current_span(
-            name, context=parent, kind=SpanKind.SERVER, attributes=attributes, record_exception=False
+            name,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+            record_exception=False,
+            start_time=None if authenticated is None else authenticated[0],  # the call began there
         ) as span:
+            if authenticated is not None and span.get_span_context().trace_flags.sampled:
+                step = _Step(self, "bastion.authentication", span.get_span_context(), False)
+                step.start_ns = authenticated[0]
+                self._export(step, authenticated[1], None)
             yield span
 
     def child(self, name: str, *, current: bool = False) -> AbstractContextManager[Any]:
@@ -206,6 +223,12 @@ class _Step:
 def child_span(tracing: Tracing | None, name: str) -> AbstractContextManager[Any]:
     """``tracing.child(name)``, or nothing when tracing is off (no cost beyond this call)."""
     return NO_SPAN if tracing is None else tracing.child(name)
+
+
+def note_authentication(started_ns: int) -> None:
+    """This request authenticated from ``started_ns`` until now: the call span that follows (in
+    this context) gets it as a child step (tracing on only; the caller checks)."""
+    _AUTHENTICATED.set((started_ns, time.time_ns()))
 
 
 def record_contents(key: str, value: Any) -> None:

@@ -275,7 +275,10 @@ async def test_a_call_span_is_parented_by_the_client_and_its_context_reaches_the
         for _, span in receiver.spans
         if span.trace_id == first.trace_id and span.parent_span_id == first.span_id
     }
-    assert {"bastion.decision", "bastion.upstream", "bastion.outcome"} <= set(children)
+    assert {"bastion.authentication", "bastion.decision", "bastion.upstream", "bastion.outcome"} <= set(
+        children
+    )
+    assert children["bastion.authentication"].start_time_unix_nano == first.start_time_unix_nano
     upstream_span = children["bastion.upstream"]
     # The upstream saw the gateway's upstream span as its parent: header and _meta alike.
     assert ids_of(seen_header["traceparent"]) == (header_trace, upstream_span.span_id.hex())
