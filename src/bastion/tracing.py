@@ -90,6 +90,22 @@ def _wanted(environ: Mapping[str, str]) -> bool:
 _SCOPE = InstrumentationScope("bastion")
 
 
+class _Resource(Resource):
+    """A resource that hashes once: the OTLP encoder groups every exported span by its resource,
+    and the SDK's hash serialises the attributes to JSON each time (a third of a span's export
+    CPU). The attributes are immutable, so the hash is too."""
+
+    def __init__(self, attributes: Any, schema_url: str | None = None) -> None:
+        super().__init__(attributes, schema_url)
+        self._hash = super().__hash__()
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 class Tracing:
     """This gateway's tracer, exporting over OTLP/HTTP.
 
@@ -120,7 +136,8 @@ class Tracing:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         attributes = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "bastion"}
-        provider = TracerProvider(resource=Resource.create(attributes))
+        created = Resource.create(attributes)
+        provider = TracerProvider(resource=_Resource(created.attributes, created.schema_url))
         # The endpoint from the variables given (the exporter itself reads the process's own for
         # the rest: headers, timeout, compression; the batch processor its OTEL_BSP_*).
         endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
