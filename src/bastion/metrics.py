@@ -62,7 +62,8 @@ class GatewayMetrics:
 
 
 class _UpstreamUp(Collector):
-    """``bastion_upstream_up{server}``: 1 while that upstream's transport is up."""
+    """``bastion_upstream_up{server}``: 1 while that upstream's transport is up;
+    ``bastion_upstream_reconnects_total{server}``: its comebacks (HTTP upstreams: health.py)."""
 
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
@@ -74,6 +75,14 @@ class _UpstreamUp(Collector):
         for health in self._gateway.fleet.health():
             family.add_metric([health.name], 1 if health.connected else 0)
         yield family
+        reconnects = CounterMetricFamily(
+            "bastion_upstream_reconnects",
+            "Times an HTTP upstream came back after an outage its health prober saw",
+            labels=["server"],
+        )
+        for name, prober in self._gateway.fleet.probers.items():
+            reconnects.add_metric([name], prober.reconnects)
+        yield reconnects
 
 
 class _StoreWrites(Collector):
