@@ -15,8 +15,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+from bastion.store.commit_stats import CountHistogram
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -108,6 +110,19 @@ class _StoreWrites(Collector):
             )
             family.add_metric([], writes)
             yield family
+        for attribute, name, documentation in _STORE_HISTOGRAMS:
+            histogram = getattr(store, attribute, None)
+            if isinstance(histogram, CountHistogram):
+                histogram_family = HistogramMetricFamily(name, documentation)
+                histogram_family.add_metric([], histogram.cumulative(), histogram.total)
+                yield histogram_family
+
+
+#: The store's own histograms (store/commit_stats.py), where the store keeps them (SQLite).
+_STORE_HISTOGRAMS = (
+    ("commit_seconds", "bastion_store_commit_seconds", "Seconds per store COMMIT (its fsync)"),
+    ("batch_sizes", "bastion_store_batch_size", "Writes per committed store transaction (group commit)"),
+)
 
 
 class AgentLabels:
