@@ -61,6 +61,7 @@ class GatewayMetrics:
         sessionless.set_function(lambda: len(gateway.shared_evidence) if gateway.shared_evidence else 0)
         registry.register(_UpstreamUp(gateway))
         registry.register(_StoreWrites(gateway))
+        registry.register(_PropagationLag(gateway))
 
 
 class _UpstreamUp(Collector):
@@ -123,6 +124,34 @@ _STORE_HISTOGRAMS = (
     ("commit_seconds", "bastion_store_commit_seconds", "Seconds per store COMMIT (its fsync)"),
     ("batch_sizes", "bastion_store_batch_size", "Writes per committed store transaction (group commit)"),
 )
+
+
+class _PropagationLag(Collector):
+    """Seconds from a change at another replica to its effect here (propagation/follower.py):
+    a revocation ending its sessions, a policy reload followed (this replica's snapshot lag)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        follower = self._gateway.follower
+        if follower is None:
+            return
+        for histogram, name, documentation in (
+            (
+                follower.revocation_lag,
+                "bastion_revocation_propagation_seconds",
+                "Seconds from a revocation at another replica to its sessions ended here",
+            ),
+            (
+                follower.policy_lag,
+                "bastion_policy_follow_lag_seconds",
+                "Seconds from a policy reload at another replica to this replica's snapshot following it",
+            ),
+        ):
+            family = HistogramMetricFamily(name, documentation)
+            family.add_metric([], histogram.cumulative(), histogram.total)
+            yield family
 
 
 class AgentLabels:
