@@ -127,8 +127,9 @@ _STORE_HISTOGRAMS = (
 
 
 class _PropagationLag(Collector):
-    """Seconds from a change at another replica to its effect here (propagation/follower.py):
-    a revocation ending its sessions, a policy reload followed (this replica's snapshot lag)."""
+    """Seconds from a change to its effect here (propagation/follower.py): a revocation made at
+    any replica ending its sessions here, another replica's policy reload followed (this
+    replica's snapshot lag)."""
 
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
@@ -141,7 +142,7 @@ class _PropagationLag(Collector):
             (
                 follower.revocation_lag,
                 "bastion_revocation_propagation_seconds",
-                "Seconds from a revocation at another replica to its sessions ended here",
+                "Seconds from a revocation (at any replica) to this replica having ended its sessions",
             ),
             (
                 follower.policy_lag,

@@ -17,7 +17,6 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from bastion.workers.attachment import sessionless_ref, transport_session_ref
 from tests.e2e.issue4_support import (
@@ -36,6 +35,7 @@ from tests.e2e.issue4_support import (
     write_config,
 )
 from tests.e2e.test_evidence_e2e import sessionless_call
+from tests.e2e.test_telemetry_e2e import scrape, value
 
 pytestmark = pytest.mark.anyio
 
@@ -183,29 +183,18 @@ async def test_a_restarted_upstream_is_reconnected_after_an_outage(
     ):
         session = await open_session(http, gw.url, token)
         await http.post(gw.url, headers=mcp_headers(token, session), json=rpc("tools/list"))
-        before = await _reconnects(http, gw.origin)
+        before = value(await scrape(http, gw.url), "bastion_upstream_reconnects_total", server="tools")
         tools_server.kill()
         await _until_ready(http, gw.origin, want=False)
         tools_server.start()
         await _until_ready(http, gw.origin, want=True)
         admitted = answer_of(await call(http, gw.url, token, session, "notes__increment"))
         echoed = answer_of(await call(http, gw.url, token, session, "tools__echo", {"text": "again"}))
-        after = await _reconnects(http, gw.origin)
+        after = value(await scrape(http, gw.url), "bastion_upstream_reconnects_total", server="tools")
     assert "result" in admitted, admitted
     assert "result" in echoed, echoed
     # The first connection is no reconnect; the comeback is one (GET /metrics, issue #25).
-    assert (before, after) == ({"tools": 0.0}, {"tools": 1.0})
-
-
-async def _reconnects(http: httpx.AsyncClient, origin: str) -> dict[str, float]:
-    response = await http.get(origin + "/metrics")
-    assert response.status_code == 200, response.text
-    return {
-        sample.labels["server"]: sample.value
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-        if sample.name == "bastion_upstream_reconnects_total"
-    }
+    assert (before, after) == (0, 1)
 
 
 async def test_sessionless_agents_do_not_share_one_pseudo_session(

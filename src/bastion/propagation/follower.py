@@ -65,8 +65,10 @@ class ReplicaFollower:
         self._reload_policy = reload_policy
         self._policy_version = policy_version
         self._now = now
-        #: From another replica's revocation (or policy reload) being published to its effect
-        #: here, in seconds (``metrics.py``): the propagation lag DESIGN section 7 bounds.
+        #: Seconds from a revocation (its ``revoked_at``, published by the store at any replica,
+        #: this one included) to this replica having applied it, and from a policy reload at
+        #: another replica to this one following it (``metrics.py``): the lags DESIGN section 7
+        #: bounds.
         self.revocation_lag = CountHistogram(LAG_BUCKETS)
         self.policy_lag = CountHistogram(LAG_BUCKETS)
 
@@ -77,8 +79,7 @@ class ReplicaFollower:
         own = change.origin is not None and change.origin == self._worker()
         if change.kind is ChangeKind.AGENT_SESSION_REVOKED:
             await self._revoked(change.subject)
-            if not own:
-                self._lag(self.revocation_lag, change)
+            self._lag(self.revocation_lag, change)
         elif change.kind is ChangeKind.TRANSPORT_SESSION_TERMINATED:
             transport_session = self._registry.by_key(change.subject)
             if transport_session is not None:
