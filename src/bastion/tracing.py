@@ -18,7 +18,7 @@ Attributes follow the OpenTelemetry semantic conventions for MCP where they exis
 (``mcp.method.name``, ``gen_ai.tool.name``, ``gen_ai.operation.name``, ``jsonrpc.request.id``,
 ``error.type``) plus Bastion's own (``bastion.*``). Never a credential; an argument or a result
 value only for a server with the ``audit_contents`` opt-in (``gen_ai.tool.call.arguments`` and
-``gen_ai.tool.call.result``, JSON, under the SDK's attribute length limit).
+``gen_ai.tool.call.result``, JSON, cut at ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` when set).
 """
 
 from __future__ import annotations
