@@ -407,5 +407,8 @@ async def test_revocation_at_one_replica_ends_a_call_in_flight_at_another_within
                 while value(seen := await scrape(http, replica.url), f"{lag}_count") != 1:
                     await anyio.sleep(0.05)
                 assert (value(seen, f"{lag}_sum") or 99) < 5.0
+                # Its store's commits are timed, on either engine (each replica wrote its own).
+                assert (value(seen, "bastion_store_commit_seconds_count") or 0) >= 1
+                assert (value(seen, "bastion_store_commit_seconds_sum") or 0) > 0
     [(state,)] = fleet.rows("SELECT state FROM executions WHERE execution_id = 'revoked-in-flight'")
     assert state == "outcome_unknown"

@@ -8,9 +8,12 @@ but not yet its sum), never a corrupt value.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
+from types import TracebackType
+from typing import Any
 
-__all__ = ["BATCH_BUCKETS", "COMMIT_BUCKETS", "CountHistogram"]
+__all__ = ["BATCH_BUCKETS", "COMMIT_BUCKETS", "CountHistogram", "TimedCommit"]
 
 #: Seconds of one COMMIT (the fsync): from a page-cache write to a struggling disk.
 COMMIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -39,3 +42,26 @@ class CountHistogram:
             running += count
             pairs.append((bound, float(running)))
         return pairs
+
+
+class TimedCommit:
+    """``async with`` around a driver's transaction that times its commit (an exit without an
+    exception) into ``histogram``; a rollback is not timed. Otherwise the transaction's own."""
+
+    __slots__ = ("_histogram", "_transaction")
+
+    def __init__(self, transaction: Any, histogram: CountHistogram) -> None:
+        self._transaction, self._histogram = transaction, histogram
+
+    async def __aenter__(self) -> Any:
+        return await self._transaction.__aenter__()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        if exc is not None:
+            return await self._transaction.__aexit__(kind, exc, tb)  # type: ignore[no-any-return]
+        committing = time.perf_counter()
+        result = await self._transaction.__aexit__(None, None, None)
+        self._histogram.observe(time.perf_counter() - committing)
+        return result  # type: ignore[no-any-return]
