@@ -88,6 +88,7 @@ def _wanted(environ: Mapping[str, str]) -> bool:
 
 
 _SCOPE = InstrumentationScope("bastion")
+_UNSET = Status(StatusCode.UNSET)  # immutable: shared by every step that did not fail
 
 
 class _Resource(Resource):
@@ -182,7 +183,7 @@ class Tracing:
         return _Step(self, name, parent, current)
 
     def _export(self, step: _Step, end_ns: int, failed: BaseException | None) -> None:
-        status = Status(StatusCode.UNSET)
+        status = _UNSET
         if failed is not None:  # the type only: an exception's text may carry a value
             status = Status(StatusCode.ERROR, type(failed).__name__)
         self._processor.on_end(
