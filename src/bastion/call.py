@@ -72,7 +72,7 @@ from bastion.store.health import StoreHealth
 from bastion.surface.limits import SurfaceLimits
 from bastion.tasks.support import TASK_PARAM, check_runs_without_task
 from bastion.tracing import NO_SPAN as _NO_SPAN
-from bastion.tracing import child_span, inject_meta, set_outcome
+from bastion.tracing import child_span, inject_meta, record_contents, set_outcome
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
 from bastion.workers.attachment import AttachmentTracker, owner_ref, sessionless_ref, transport_session_ref
@@ -332,6 +332,9 @@ class ToolCallPath:
         if entry is None:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
         attempt.entry = entry
+        contents = self._tracing is not None and snapshot.servers[entry.server].audit_contents
+        if contents:  # the server's opt-in: the only way a value enters a span
+            record_contents("gen_ai.tool.call.arguments", arguments)
         try:
             with child_span(self._tracing, "bastion.decision"):
                 decision = decide(
@@ -459,7 +462,7 @@ class ToolCallPath:
                 if self._tracing is None:
                     answer = await upstream.call("tools/call", request, ctx)
                 else:
-                    with self._tracing.child("bastion.upstream"):
+                    with self._tracing.child("bastion.upstream", current=True):
                         # The gateway's span context goes upstream (the HTTP upstream's headers too).
                         answer = await upstream.call("tools/call", inject_meta(request), ctx)
             finally:
@@ -488,10 +491,14 @@ class ToolCallPath:
         try:
             result = await send_and_settle(send, finish, on_input_required=await_input)
         except UpstreamReplied as exc:
-            raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
-        meta = dict(result.get("_meta") or {})
-        meta[RECEIPT_META_KEY] = self._receipt(scope, attempt)
-        return {**result, "_meta": meta}
+            with child_span(self._tracing, "bastion.answer"):
+                raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
+        with child_span(self._tracing, "bastion.answer"):  # the answer with its receipt
+            if contents:
+                record_contents("gen_ai.tool.call.result", result)
+            meta = dict(result.get("_meta") or {})
+            meta[RECEIPT_META_KEY] = self._receipt(scope, attempt)
+            return {**result, "_meta": meta}
 
     # ------------------------------------------------------------------ durable steps
 

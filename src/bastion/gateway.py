@@ -76,7 +76,7 @@ from bastion.store.health import StoreHealth
 from bastion.store.ownership import check_store_file, claim_store
 from bastion.store.replicas import ChangeKind
 from bastion.store.select import SQLITE_FILE, open_store
-from bastion.tracing import Tracing
+from bastion.tracing import Tracing, note_authentication
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.upstream.stdio import StdioUpstream
@@ -243,7 +243,16 @@ class Gateway:
         return 'Bearer realm="bastion"'
 
     async def authenticate(self, scope: Mapping[str, Any], authorization: str | None) -> Principal:
-        """The principal of one HTTP request: a bearer credential, or a client certificate (mTLS)."""
+        """The principal of one HTTP request: a bearer credential, or a client certificate (mTLS).
+        Traced, its times become the authentication step of the request's call span (tracing.py)."""
+        if self.tracing is None:
+            return await self._authenticate(scope, authorization)
+        started = time.time_ns()
+        principal = await self._authenticate(scope, authorization)
+        note_authentication(started)
+        return principal
+
+    async def _authenticate(self, scope: Mapping[str, Any], authorization: str | None) -> Principal:
         assert self.authenticator is not None and self._store_auth is not None
         auth = self.policy.current.auth
         if authorization is None:

@@ -15,8 +15,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+from bastion.store.commit_stats import CountHistogram
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -59,10 +61,12 @@ class GatewayMetrics:
         sessionless.set_function(lambda: len(gateway.shared_evidence) if gateway.shared_evidence else 0)
         registry.register(_UpstreamUp(gateway))
         registry.register(_StoreWrites(gateway))
+        registry.register(_PropagationLag(gateway))
 
 
 class _UpstreamUp(Collector):
-    """``bastion_upstream_up{server}``: 1 while that upstream's transport is up."""
+    """``bastion_upstream_up{server}``: 1 while that upstream's transport is up;
+    ``bastion_upstream_reconnects_total{server}``: its comebacks (HTTP upstreams: health.py)."""
 
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
@@ -74,6 +78,14 @@ class _UpstreamUp(Collector):
         for health in self._gateway.fleet.health():
             family.add_metric([health.name], 1 if health.connected else 0)
         yield family
+        reconnects = CounterMetricFamily(
+            "bastion_upstream_reconnects",
+            "Times an HTTP upstream came back after an outage its health prober saw",
+            labels=["server"],
+        )
+        for name, prober in self._gateway.fleet.probers.items():
+            reconnects.add_metric([name], prober.reconnects)
+        yield reconnects
 
 
 class _StoreWrites(Collector):
@@ -98,6 +110,48 @@ class _StoreWrites(Collector):
                 "bastion_store_writes", "Store writes committed in those transactions (group commit)"
             )
             family.add_metric([], writes)
+            yield family
+        for attribute, name, documentation in _STORE_HISTOGRAMS:
+            histogram = getattr(store, attribute, None)
+            if isinstance(histogram, CountHistogram):
+                histogram_family = HistogramMetricFamily(name, documentation)
+                histogram_family.add_metric([], histogram.cumulative(), histogram.total)
+                yield histogram_family
+
+
+#: The store's own histograms (store/commit_stats.py), where the store keeps them (SQLite).
+_STORE_HISTOGRAMS = (
+    ("commit_seconds", "bastion_store_commit_seconds", "Seconds per store COMMIT (its fsync)"),
+    ("batch_sizes", "bastion_store_batch_size", "Writes per committed store transaction (group commit)"),
+)
+
+
+class _PropagationLag(Collector):
+    """Seconds from a change to its effect here (propagation/follower.py): a revocation made at
+    any replica ending its sessions here, another replica's policy reload followed (this
+    replica's snapshot lag)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        follower = self._gateway.follower
+        if follower is None:
+            return
+        for histogram, name, documentation in (
+            (
+                follower.revocation_lag,
+                "bastion_revocation_propagation_seconds",
+                "Seconds from a revocation (at any replica) to this replica having ended its sessions",
+            ),
+            (
+                follower.policy_lag,
+                "bastion_policy_follow_lag_seconds",
+                "Seconds from a policy reload at another replica to this replica's snapshot following it",
+            ),
+        ):
+            family = HistogramMetricFamily(name, documentation)
+            family.add_metric([], histogram.cumulative(), histogram.total)
             yield family
 
 

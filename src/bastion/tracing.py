@@ -16,24 +16,40 @@ upstream, in the request headers too (:func:`inject_headers`).
 
 Attributes follow the OpenTelemetry semantic conventions for MCP where they exist
 (``mcp.method.name``, ``gen_ai.tool.name``, ``gen_ai.operation.name``, ``jsonrpc.request.id``,
-``error.type``) plus Bastion's own (``bastion.*``). Never a credential, an argument or a
-result value.
+``error.type``) plus Bastion's own (``bastion.*``). Never a credential; an argument or a result
+value only for a server with the ``audit_contents`` opt-in (``gen_ai.tool.call.arguments`` and
+``gen_ai.tool.call.result``, JSON, cut at ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` when set).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_current_span
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    get_current_span,
+    set_span_in_context,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -44,6 +60,8 @@ __all__ = [
     "child_span",
     "inject_headers",
     "inject_meta",
+    "note_authentication",
+    "record_contents",
     "set_outcome",
     "trace_id_of_current",
 ]
@@ -52,6 +70,9 @@ logger = logging.getLogger(__name__)
 
 _PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent/tracestate, stateless
 _TRACE_KEYS = ("traceparent", "tracestate")
+#: When this request authenticated (start and end, ns since the epoch): the call span that
+#: follows in the same context takes it as its authentication step (:func:`note_authentication`).
+_AUTHENTICATED: ContextVar[tuple[int, int] | None] = ContextVar("bastion_authenticated", default=None)
 #: A context manager that is no span (tracing off): reusable, it holds no state.
 NO_SPAN: AbstractContextManager[None] = nullcontext()
 
@@ -66,11 +87,40 @@ def _wanted(environ: Mapping[str, str]) -> bool:
     return bool(endpoint)
 
 
-class Tracing:
-    """This gateway's tracer, exporting over OTLP/HTTP."""
+_SCOPE = InstrumentationScope("bastion")
+_UNSET = Status(StatusCode.UNSET)  # immutable: shared by every step that did not fail
 
-    def __init__(self, provider: TracerProvider) -> None:
+
+class _Resource(Resource):
+    """A resource that hashes once: the OTLP encoder groups every exported span by its resource,
+    and the SDK's hash serialises the attributes to JSON each time (a third of a span's export
+    CPU). The attributes are immutable, so the hash is too."""
+
+    def __init__(self, attributes: Any, schema_url: str | None = None) -> None:
+        super().__init__(attributes, schema_url)
+        self._hash = super().__hash__()
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+class Tracing:
+    """This gateway's tracer, exporting over OTLP/HTTP.
+
+    The call span is the SDK's; a step of the call (:meth:`child`) is cheaper: its times are
+    taken on the way in and out and the finished span goes straight to this gateway's batch
+    processor, without the SDK's per-span sampler, locks and processor fan-out (a step is
+    sampled with its call). Only a step that is ``current=True`` (its context goes upstream)
+    is made the current context while it runs."""
+
+    def __init__(self, provider: TracerProvider, processor: SpanProcessor) -> None:
         self._provider = provider
+        self._processor = processor  # the one processor of this provider (batched export)
+        self._resource = provider.resource
+        self._ids = RandomIdGenerator()
         self.tracer: Tracer = provider.get_tracer("bastion")
 
     @classmethod
@@ -87,14 +137,16 @@ class Tracing:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         attributes = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "bastion"}
-        provider = TracerProvider(resource=Resource.create(attributes))
+        created = Resource.create(attributes)
+        provider = TracerProvider(resource=_Resource(created.attributes, created.schema_url))
         # The endpoint from the variables given (the exporter itself reads the process's own for
         # the rest: headers, timeout, compression; the batch processor its OTEL_BSP_*).
         endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         if not endpoint and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
             endpoint = env["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint or None)))
-        return cls(provider)
+        processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint or None))
+        provider.add_span_processor(processor)
+        return cls(provider, processor)
 
     def shutdown(self) -> None:
         """Export what is still batched, then stop (blocking: run it in a worker thread)."""
@@ -104,19 +156,105 @@ class Tracing:
     def call_span(self, name: str, meta: Any, attributes: dict[str, Any]) -> Iterator[Span]:
         """The span of one governed request, current while it runs, parented by the client's context."""
         parent = _context_from_meta(meta)
+        authenticated = _AUTHENTICATED.get()
+        if authenticated is not None:
+            _AUTHENTICATED.set(None)  # one call's: a later request in this context authenticates anew
         with self.tracer.start_as_current_span(
-            name, context=parent, kind=SpanKind.SERVER, attributes=attributes, record_exception=False
+            name,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+            record_exception=False,
+            start_time=None if authenticated is None else authenticated[0],  # the call began there
         ) as span:
+            if authenticated is not None and span.get_span_context().trace_flags.sampled:
+                step = _Step(self, "bastion.authentication", span.get_span_context(), False)
+                step.start_ns = authenticated[0]
+                self._export(step, authenticated[1], None)
             yield span
 
-    def child(self, name: str) -> AbstractContextManager[Any]:
-        """A child span of the current one (a step of the call)."""
-        return self.tracer.start_as_current_span(name, kind=SpanKind.INTERNAL, record_exception=False)
+    def child(self, name: str, *, current: bool = False) -> AbstractContextManager[Any]:
+        """A child span of the current one (a step of the call), the current context while it
+        runs only when ``current`` (a step whose context is passed on); nothing when the current
+        span is not sampled."""
+        parent = get_current_span().get_span_context()
+        if not parent.trace_flags.sampled:
+            return NO_SPAN
+        return _Step(self, name, parent, current)
+
+    def _export(self, step: _Step, end_ns: int, failed: BaseException | None) -> None:
+        status = _UNSET
+        if failed is not None:  # the type only: an exception's text may carry a value
+            status = Status(StatusCode.ERROR, type(failed).__name__)
+        self._processor.on_end(
+            ReadableSpan(
+                step.name,
+                context=step.context,
+                parent=step.parent,
+                resource=self._resource,
+                attributes=step.attributes,
+                kind=SpanKind.INTERNAL,
+                status=status,
+                start_time=step.start_ns,
+                end_time=end_ns,
+                instrumentation_scope=_SCOPE,
+            )
+        )
+
+
+class _Step:
+    """One step of a call: a child span, exported when it ends (:meth:`Tracing.child`)."""
+
+    __slots__ = ("_current", "_token", "_tracing", "attributes", "context", "name", "parent", "start_ns")
+
+    def __init__(self, tracing: Tracing, name: str, parent: SpanContext, current: bool) -> None:
+        self._tracing, self.name, self.parent, self._current = tracing, name, parent, current
+        self.context = SpanContext(
+            parent.trace_id,
+            tracing._ids.generate_span_id(),
+            is_remote=False,
+            trace_flags=parent.trace_flags,
+            trace_state=parent.trace_state,
+        )
+        self.attributes: dict[str, Any] | None = None
+        self._token: object | None = None
+        self.start_ns = 0
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self.attributes is None:
+            self.attributes = {}
+        self.attributes[key] = value
+
+    def __enter__(self) -> _Step:
+        if self._current:
+            self._token = otel_context.attach(set_span_in_context(NonRecordingSpan(self.context)))
+        self.start_ns = time.time_ns()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        end_ns = time.time_ns()
+        if self._token is not None:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+        self._tracing._export(self, end_ns, exc)
 
 
 def child_span(tracing: Tracing | None, name: str) -> AbstractContextManager[Any]:
     """``tracing.child(name)``, or nothing when tracing is off (no cost beyond this call)."""
     return NO_SPAN if tracing is None else tracing.child(name)
+
+
+def note_authentication(started_ns: int) -> None:
+    """This request authenticated from ``started_ns`` until now: the call span that follows (in
+    this context) gets it as a child step (tracing on only; the caller checks)."""
+    _AUTHENTICATED.set((started_ns, time.time_ns()))
+
+
+def record_contents(key: str, value: Any) -> None:
+    """A value itself on the current (call) span, as JSON under ``key``: only for a server whose
+    ``audit_contents`` opt-in says so (the caller checks it); a no-op when nothing is traced."""
+    span = get_current_span()
+    if span.is_recording():
+        span.set_attribute(key, json.dumps(value, separators=(",", ":"), default=str))
 
 
 def set_outcome(span: Span, outcome: str, reason: str) -> None:

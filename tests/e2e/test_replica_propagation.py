@@ -35,6 +35,7 @@ from tests.e2e.issue4_support import (
     serve_bound,
     write_config,
 )
+from tests.e2e.test_telemetry_e2e import scrape, value
 
 pytestmark = pytest.mark.anyio
 
@@ -91,6 +92,11 @@ async def test_a_reload_at_one_replica_is_followed_by_the_other_and_a_lagging_on
         assert (await reload_policy(http, a.origin)).status_code == 200
         followed = await until_version(http, b, v2)
         assert followed["this_replica_behind"] is False
+        # B's /metrics: one reload followed, within the feed's bound; A followed none (issue #25).
+        lag = "bastion_policy_follow_lag_seconds"
+        at_b, at_a = await scrape(http, b.url), await scrape(http, a.url)
+        assert value(at_b, f"{lag}_count") == 1 and 0 < (value(at_b, f"{lag}_sum") or 0) < WAIT_S
+        assert value(at_a, f"{lag}_count") == 0
 
         # (3) B's file is broken; the next reload at A is not followed there: B stays on v2, behind.
         config["gateway"]["upstream_timeout_s"] = 44.0

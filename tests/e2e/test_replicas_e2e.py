@@ -38,6 +38,7 @@ from tests.e2e.issue4_support import (
     tool_call,
 )
 from tests.e2e.replicas_support import Fleet, replica_fleet, write_fleet_config
+from tests.e2e.test_telemetry_e2e import scrape, value
 from tests.e2e.test_workers_e2e import (  # noqa: F401 - holding_upstream is a fixture
     TAKEOVER_TIMEOUT_S,
     HoldingUpstream,
@@ -398,5 +399,16 @@ async def test_revocation_at_one_replica_ends_a_call_in_flight_at_another_within
             refused.status_code == 401
             and refused.json()["error"]["data"]["reason"] == "agent_session_revoked"
         )
+        # Every replica's /metrics: the revocation (published by the store, no replica's) applied
+        # there once, within the bound's slack; replica 3 ended the call (issue #25).
+        lag = "bastion_revocation_propagation_seconds"
+        with anyio.fail_after(WAIT_S):  # observed once each follower's apply returned
+            for replica in fleet.replicas:
+                while value(seen := await scrape(http, replica.url), f"{lag}_count") != 1:
+                    await anyio.sleep(0.05)
+                assert (value(seen, f"{lag}_sum") or 99) < 5.0
+                # Its store's commits are timed, on either engine (each replica wrote its own).
+                assert (value(seen, "bastion_store_commit_seconds_count") or 0) >= 1
+                assert (value(seen, "bastion_store_commit_seconds_sum") or 0) > 0
     [(state,)] = fleet.rows("SELECT state FROM executions WHERE execution_id = 'revoked-in-flight'")
     assert state == "outcome_unknown"

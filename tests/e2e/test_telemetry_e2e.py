@@ -177,6 +177,17 @@ async def test_metrics_count_every_governed_call_by_outcome_and_the_access_log_h
     transactions = value(samples, "bastion_store_transactions_total")
     writes = value(samples, "bastion_store_writes_total")
     assert transactions is not None and writes is not None and writes >= transactions >= 1
+    # Every commit timed (its fsync) and its batch counted: the histograms agree with the counters
+    # (read a moment later in the same scrape, so a background commit may land in between).
+    commits = value(samples, "bastion_store_commit_seconds_count")
+    batches = value(samples, "bastion_store_batch_size_count")
+    batched = value(samples, "bastion_store_batch_size_sum")
+    assert commits is not None and batches is not None and batched is not None
+    assert transactions <= commits <= transactions + 2 and transactions <= batches <= transactions + 2
+    assert writes <= batched <= writes + 2 * 256
+    assert value(samples, "bastion_store_batch_size_bucket", le="+Inf") == batches
+    commit_s = value(samples, "bastion_store_commit_seconds_sum")
+    assert commit_s is not None and commit_s > 0
 
     # deploy/observability: every metric its alerts and dashboard use is in this real output.
     names = {name for name, _ in samples}

@@ -275,7 +275,10 @@ async def test_a_call_span_is_parented_by_the_client_and_its_context_reaches_the
         for _, span in receiver.spans
         if span.trace_id == first.trace_id and span.parent_span_id == first.span_id
     }
-    assert {"bastion.decision", "bastion.upstream", "bastion.outcome"} <= set(children)
+    assert {"bastion.authentication", "bastion.decision", "bastion.upstream", "bastion.outcome"} <= set(
+        children
+    )
+    assert children["bastion.authentication"].start_time_unix_nano == first.start_time_unix_nano
     upstream_span = children["bastion.upstream"]
     # The upstream saw the gateway's upstream span as its parent: header and _meta alike.
     assert ids_of(seen_header["traceparent"]) == (header_trace, upstream_span.span_id.hex())
@@ -334,3 +337,32 @@ async def test_a_stdio_upstream_receives_the_gateways_span_context_in_meta(
     seen = json.loads(answer["result"]["content"][0]["text"])
     assert ids_of(seen["traceparent"]) == (client_trace, upstream_span.span_id.hex())
     assert upstream_span.trace_id.hex() == client_trace
+
+
+async def test_argument_and_result_values_enter_a_span_only_with_the_servers_audit_contents_opt_in(
+    tmp_path: Path, recording_upstream: RecordingUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other test shows no value by default; with ``audit_contents = true`` the call span
+    carries the arguments and the result (OTel's opt-in ``gen_ai.tool.call.*``), and the call
+    has an answer step of its own."""
+    config = write_config(tmp_path / "gateway.toml", recording_upstream.url, "")
+    server_line = f'url = "{recording_upstream.url}"\n'
+    config.write_text(config.read_text().replace(server_line, server_line + "audit_contents = true\n"))
+    with otlp_receiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        async with (
+            httpx.AsyncClient(timeout=30) as http,
+            bastion_serve(config, tmp_path / "data", tmp_path / "gateway.log") as (_, url),
+        ):
+            answer = await call(http, url, "work__echo", {"text": SECRET_TEXT})
+            [span] = await wait_for_spans(receiver, "tools/call work__echo", 1)
+            [answer_span] = await wait_for_spans(receiver, "bastion.answer", 1)
+    assert "result" in answer, answer
+    attrs = attributes(span)
+    assert json.loads(attrs["gen_ai.tool.call.arguments"]) == {"text": SECRET_TEXT}
+    result = json.loads(attrs["gen_ai.tool.call.result"])
+    assert result["content"] == answer["result"]["content"]
+    assert (answer_span.trace_id, answer_span.parent_span_id) == (span.trace_id, span.span_id)
+    assert "alice-token" not in repr(receiver.spans)  # a credential never, opt-in or not

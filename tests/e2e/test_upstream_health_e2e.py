@@ -35,6 +35,7 @@ from tests.e2e.issue4_support import (
     write_config,
 )
 from tests.e2e.test_evidence_e2e import sessionless_call
+from tests.e2e.test_telemetry_e2e import scrape, value
 
 pytestmark = pytest.mark.anyio
 
@@ -182,14 +183,18 @@ async def test_a_restarted_upstream_is_reconnected_after_an_outage(
     ):
         session = await open_session(http, gw.url, token)
         await http.post(gw.url, headers=mcp_headers(token, session), json=rpc("tools/list"))
+        before = value(await scrape(http, gw.url), "bastion_upstream_reconnects_total", server="tools")
         tools_server.kill()
         await _until_ready(http, gw.origin, want=False)
         tools_server.start()
         await _until_ready(http, gw.origin, want=True)
         admitted = answer_of(await call(http, gw.url, token, session, "notes__increment"))
         echoed = answer_of(await call(http, gw.url, token, session, "tools__echo", {"text": "again"}))
+        after = value(await scrape(http, gw.url), "bastion_upstream_reconnects_total", server="tools")
     assert "result" in admitted, admitted
     assert "result" in echoed, echoed
+    # The first connection is no reconnect; the comeback is one (GET /metrics, issue #25).
+    assert (before, after) == (0, 1)
 
 
 async def test_sessionless_agents_do_not_share_one_pseudo_session(

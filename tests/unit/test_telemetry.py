@@ -4,9 +4,14 @@ and the trace context handed upstream (``tracing.py``, ``metrics.py``)."""
 from __future__ import annotations
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode, get_current_span
 
 from bastion.metrics import OTHER_AGENT, AgentLabels
-from bastion.tracing import Tracing, inject_meta
+from bastion.tracing import NO_SPAN, Tracing, inject_meta
 
 ENDPOINT = "http://127.0.0.1:9/"  # never contacted: nothing is exported in these tests
 
@@ -61,3 +66,32 @@ def test_the_gateway_span_replaces_the_clients_trace_context_in_meta_and_nothing
     assert meta["tracestate"] == "k=v"  # the client's tracestate carries on (W3C)
     assert meta["traceparent"] == f"00-{'a' * 32}-{format(context.span_id, '016x')}-01"
     assert params["_meta"] is client and client["traceparent"].endswith("b" * 16 + "-01")  # not mutated
+
+
+def test_a_step_is_a_child_of_the_call_span_and_a_failure_names_its_type_never_its_text() -> None:
+    """``Tracing.child``: the step span goes to the processor with the call's trace, its parent
+    and its times; an exception's type is its status, never its message (which may carry a value);
+    an unsampled call makes no step at all."""
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    processor = SimpleSpanProcessor(exported)
+    provider.add_span_processor(processor)
+    tracing = Tracing(provider, processor)
+    with tracing.call_span("tools/call", None, {}) as span:
+        with tracing.child("bastion.decision"):
+            pass
+        with pytest.raises(ValueError), tracing.child("bastion.upstream", current=True):
+            assert get_current_span().get_span_context().span_id != span.get_span_context().span_id
+            raise ValueError("s3cr3t-value")
+        assert get_current_span() is span  # the current step was detached
+    by_name = {s.name: s for s in exported.get_finished_spans()}
+    decision, upstream, call = by_name["bastion.decision"], by_name["bastion.upstream"], by_name["tools/call"]
+    for step in (decision, upstream):
+        assert step.parent is not None and step.parent.span_id == call.context.span_id
+        assert step.context.trace_id == call.context.trace_id
+        assert call.start_time <= step.start_time <= step.end_time <= call.end_time
+    assert decision.status.status_code is StatusCode.UNSET
+    assert (upstream.status.status_code, upstream.status.description) == (StatusCode.ERROR, "ValueError")
+    assert "s3cr3t-value" not in repr([s.to_json() for s in exported.get_finished_spans()])
+    with trace.use_span(trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)):
+        assert tracing.child("bastion.decision") is NO_SPAN  # nothing sampled, nothing made

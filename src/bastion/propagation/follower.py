@@ -24,15 +24,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from bastion.errors import ConfigError
 from bastion.ids import WorkerId
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import TransportSession
+from bastion.store.commit_stats import CountHistogram
 from bastion.store.replicas import Change, ChangeKind, ReplicaRecords
 
-__all__ = ["ReplicaFollower"]
+__all__ = ["LAG_BUCKETS", "ReplicaFollower"]
+
+#: Seconds from a change at another replica to its effect here (DESIGN section 7: under one).
+LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +55,7 @@ class ReplicaFollower:
         close_locally: Callable[[TransportSession, str], Awaitable[None]],
         reload_policy: Callable[[], Awaitable[Any]],
         policy_version: Callable[[], str],
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._store = store
         self._registry = registry
@@ -58,11 +64,22 @@ class ReplicaFollower:
         self._close_locally = close_locally
         self._reload_policy = reload_policy
         self._policy_version = policy_version
+        self._now = now
+        #: Seconds from a revocation (its ``revoked_at``, published by the store at any replica,
+        #: this one included) to this replica having applied it, and from a policy reload at
+        #: another replica to this one following it (``metrics.py``): the lags DESIGN section 7
+        #: bounds.
+        self.revocation_lag = CountHistogram(LAG_BUCKETS)
+        self.policy_lag = CountHistogram(LAG_BUCKETS)
+
+    def _lag(self, histogram: CountHistogram, change: Change) -> None:
+        histogram.observe(max(0.0, (self._now() - change.at).total_seconds()))
 
     async def apply(self, change: Change) -> None:
         own = change.origin is not None and change.origin == self._worker()
         if change.kind is ChangeKind.AGENT_SESSION_REVOKED:
             await self._revoked(change.subject)
+            self._lag(self.revocation_lag, change)
         elif change.kind is ChangeKind.TRANSPORT_SESSION_TERMINATED:
             transport_session = self._registry.by_key(change.subject)
             if transport_session is not None:
@@ -77,6 +94,7 @@ class ReplicaFollower:
         ):
             try:
                 await self._reload_policy()
+                self._lag(self.policy_lag, change)
             except ConfigError as exc:
                 logger.error(
                     "policy reload at a peer not followed here; the last valid snapshot stays",

@@ -46,6 +46,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from bastion.errors import Conflict, NotDurable, StoreError
 from bastion.store.base import Store
+from bastion.store.commit_stats import COMMIT_BUCKETS, CountHistogram, TimedCommit
 from bastion.store.dsn import redact_dsn
 from bastion.store.migrations import POSTGRES_MIGRATIONS
 from bastion.store.operations import StoreOperations
@@ -94,6 +95,8 @@ class PostgresStore(StoreOperations):
         self._idle.set()
         self._transactions = 0
         self._statements = 0
+        #: Seconds per write transaction's COMMIT (``metrics.py``; no group commit here).
+        self.commit_seconds = CountHistogram(COMMIT_BUCKETS)
 
     @classmethod
     async def connect(
@@ -212,7 +215,10 @@ class PostgresStore(StoreOperations):
     async def _write_with_retries(self, op: OpFactory[T]) -> T:
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                async with self._pool.acquire(timeout=self._pool_timeout_s) as conn, conn.transaction():
+                async with (
+                    self._pool.acquire(timeout=self._pool_timeout_s) as conn,
+                    TimedCommit(conn.transaction(), self.commit_seconds),
+                ):
                     result = await self._run(conn, op())
             except _RACES as exc:
                 if attempt == ATTEMPTS:

@@ -47,6 +47,7 @@ import anyio.to_thread
 
 from bastion.errors import Conflict, NotDurable, StoreError
 from bastion.store.base import Store
+from bastion.store.commit_stats import BATCH_BUCKETS, COMMIT_BUCKETS, CountHistogram
 from bastion.store.migrations import SQLITE_MIGRATIONS
 from bastion.store.operations import StoreOperations
 from bastion.store.statements import Fetch, Op, OpFactory
@@ -82,6 +83,9 @@ class SqliteStore(StoreOperations):
         self._transactions = 0
         self._writes = 0
         self._statements = 0
+        #: Seconds per COMMIT (its fsync) and writes per committed batch (``metrics.py``).
+        self.commit_seconds = CountHistogram(COMMIT_BUCKETS)
+        self.batch_sizes = CountHistogram(BATCH_BUCKETS)
         self._thread.start()
 
     @classmethod
@@ -234,7 +238,9 @@ class SqliteStore(StoreOperations):
                     conn.execute("ROLLBACK")
                 _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"), self._busy_timeout_s)
                 _run_isolated(conn, batch)
+            committing = time.perf_counter()
             conn.execute("COMMIT")
+            self.commit_seconds.observe(time.perf_counter() - committing)
         except BaseException as exc:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
@@ -248,6 +254,7 @@ class SqliteStore(StoreOperations):
             return
         self._transactions += 1
         self._writes += len(batch)
+        self.batch_sizes.observe(len(batch))
 
     async def _read(self, op: OpFactory[T], *, snapshot: bool = False) -> T:
         if self._closed:

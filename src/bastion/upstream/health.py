@@ -78,6 +78,10 @@ class UpstreamProber:
         self._schedule = schedule or HealthSchedule()
         self._wake = anyio.Event()
         upstream.on_transport_error = self.nudge
+        #: Times the upstream came back after an outage this prober saw (``metrics.py``: not its
+        #: first connection, which is not a reconnect).
+        self.reconnects = 0
+        self._outage = False  # marked down after having been up
 
     def nudge(self) -> None:
         """Knock now (a call just saw a transport error), not at the next interval."""
@@ -106,6 +110,7 @@ class UpstreamProber:
         except UpstreamError as exc:
             if was_up:
                 logger.warning("upstream down", extra={"upstream": upstream.name, "detail": exc.message})
+                self._outage = True
             upstream.mark_down(exc.message)
             return False
         if was_up and not upstream.needs_negotiation():
@@ -121,4 +126,6 @@ class UpstreamProber:
         healed = upstream.health().connected
         if healed:
             logger.warning("upstream connected", extra={"upstream": upstream.name})
+            if self._outage:
+                self.reconnects, self._outage = self.reconnects + 1, False
         return healed
