@@ -31,7 +31,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -529,14 +529,13 @@ class StdioProcess:
                 "roots/list": "roots",
             }.get(method)
             only = self._only_caller()
-            if capability is not None and only is None and self.owner_ref is not None and self.channel:
-                # No call of the owner in flight: ask it on its GET stream (its declared capabilities).
-                try:
-                    result = await self.channel.request(method, params)
-                    reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
-                except ClientDeclined as exc:
-                    reply = {"jsonrpc": "2.0", "id": request_id, "error": exc.error}
-            elif capability is None or only is None or capability not in only.capabilities:
+            ask: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
+            if capability is not None and only is not None and capability in only.capabilities:
+                ask = only.relay.on_request
+            elif capability is not None and only is None and self.owner_ref is not None:
+                # No call of the owner in flight: its GET stream (which checks what it declared).
+                ask = self.channel.request if self.channel is not None else None
+            if ask is None:
                 reply = {
                     "jsonrpc": "2.0",
                     "id": request_id,
@@ -544,7 +543,7 @@ class StdioProcess:
                 }
             else:
                 try:
-                    result = await only.relay.on_request(method, params)
+                    result = await ask(method, params)
                     reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
                 except ClientDeclined as exc:
                     reply = {"jsonrpc": "2.0", "id": request_id, "error": exc.error}
