@@ -11,6 +11,7 @@ is what its own process shows a client with its capabilities (server-everything,
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from bastion.policy.load import snapshot_from_mapping
 from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, RunningGateway
 from tests.e2e.test_capability_views_e2e import _elicit, _sample
+from tests.e2e.test_serve_process import Serve
+from tests.e2e.test_serve_process import serving as serving  # the fixture
 from tests.e2e.third_party.servers import fastmcp_python, npm_server
 
 pytestmark = pytest.mark.anyio
@@ -202,3 +205,58 @@ async def test_tools_list_of_an_owned_process_equals_direct_for_the_same_capabil
 
 async def _no_roots() -> ListRootsResult:
     return ListRootsResult(roots=[])
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # logging/setLevel
+async def test_through_bastion_serve_each_process_speaks_to_its_owner_alone(
+    tmp_path: Path, serving: list[Serve]
+) -> None:
+    """Through the `bastion serve` process: each client's process asks its roots between calls and
+    gets that client's; alice's process logs between calls to alice and not to bob."""
+    speaker = _speaker()
+    agents = "".join(
+        f'[agents.{name}]\ntoken_sha256 = "{hash_token(token)}"\n' for name, token in TOKENS.items()
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f"[servers.s]\ncommand = {json.dumps(speaker['command'])}\nargs = {json.dumps(speaker['args'])}\n"
+        + agents
+    )
+    serve = Serve("--config", str(config), "--data-dir", str(tmp_path / "data"))
+    serving.append(serve)
+    url = await anyio.to_thread.run_sync(serve.ready_line)
+    gateway = RunningGateway(url.split()[2], None, tmp_path)  # type: ignore[arg-type]
+    answers: dict[str, str] = {}
+    heard: dict[str, list[str]] = {"alice": [], "bob": []}
+    alice_heard = anyio.Event()
+
+    async def run(agent: str) -> None:
+        asked = anyio.Event()
+
+        async def list_roots(context: Any) -> ListRootsResult:
+            asked.set()
+            return ListRootsResult(roots=[Root(uri=f"file:///work/{agent}", name=agent)])  # type: ignore[arg-type]
+
+        async def on_log(params: Any) -> None:
+            heard[agent].append(str(params.data))
+            if len(heard["alice"]) >= 2:
+                alice_heard.set()
+
+        async with gateway.client(agent, list_roots_callback=list_roots, logging_callback=on_log) as client:
+            await client.set_logging_level("info")
+            assert _text(await client.call_tool("s__roots_later", {})) == "asking"
+            await asked.wait()
+            while not answers.get(agent):
+                answers[agent] = _text(await client.call_tool("s__last_roots", {}))
+                await anyio.sleep(0.05)
+            count = 2 if agent == "alice" else 0
+            assert _text(await client.call_tool("s__tick_later", {"count": count})) == "scheduled"
+            await alice_heard.wait()
+            await anyio.sleep(0.5)  # what would reach bob by mistake arrives with alice's
+
+    with anyio.fail_after(90):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "alice")
+            tg.start_soon(run, "bob")
+    assert answers == {"alice": "file:///work/alice", "bob": "file:///work/bob"}
+    assert heard == {"alice": ["tick 0", "tick 1"], "bob": []}
