@@ -275,7 +275,9 @@ class UpstreamFleet:
         """
         key = capability_key(client_capabilities)
         own = upstream_sessions is not None and any(
-            isinstance(u, HttpUpstream) and u.uses_own_session() for u in self.upstreams.values()
+            (isinstance(u, HttpUpstream) and u.uses_own_session())
+            or (isinstance(u, StdioUpstream) and u.own_process(upstream_sessions) is not None)
+            for u in self.upstreams.values()
         )
         if not own:
             return self._catalog if not key else (await self._capability_view(key, client_capabilities))[1]
@@ -305,6 +307,15 @@ class UpstreamFleet:
             ):
                 try:
                     tools_by_server[name] = self._entries(name, await upstream.list_tools_own(ctx))[0]
+                except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
+                    logger.warning("listing tools of upstream %s for a client failed: %s", name, exc)
+            elif isinstance(upstream, StdioUpstream):
+                # The client's own process, when it has one running: what it shows this client.
+                process = upstream.own_process(upstream_sessions)
+                if process is None or not process.health().connected:
+                    continue
+                try:
+                    tools_by_server[name] = self._entries(name, await process.list_tools())[0]
                 except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
                     logger.warning("listing tools of upstream %s for a client failed: %s", name, exc)
         merged = self._merge_view(tools_by_server)

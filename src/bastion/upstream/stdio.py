@@ -191,6 +191,7 @@ class StdioUpstream:
         process = self._by_owner.get(owner) or self._spawn(owner, ctx)
         if holder is not None and not holder.closed:
             holder.put(self.name, process)
+            holder.view = None  # its tools/list now comes from this process (``own_process``)
             # Holders that closed (a listen stream that ended) are let go here.
             self._held_in[owner] = [h for h in self._held_in.get(owner, []) if not h.closed] + [holder]
         return process
@@ -201,6 +202,10 @@ class StdioUpstream:
         if ctx.upstream_sessions is not None and ctx.upstream_sessions.closed:
             raise UpstreamUnavailable(f"upstream {self.name}: the client session has ended")
         self._budget.take(self.name, len(self._by_owner), self.spec.max_processes)
+        holder = ctx.upstream_sessions
+        # A transport session's process speaks to it between calls on its GET stream; an agent
+        # session's process sits in many client sessions and has no one stream to speak on.
+        channel = holder.channel if holder is not None and owner.startswith(_TRANSPORT_SESSION_REF) else None
         process = StdioProcess(
             self.spec,
             restart_backoff_s=self._backoff,
@@ -208,6 +213,7 @@ class StdioUpstream:
             declared_capabilities=declared_for(ctx.client_capabilities),
             owner_ref=owner,
             spawn_gate=self._budget.spawn_gate,
+            channel=channel,
         )
         process.on_resource_updated = self._resource_updated
         process.last_used = anyio.current_time()
@@ -217,6 +223,15 @@ class StdioUpstream:
 
     async def list_tools(self) -> list[dict[str, Any]]:
         return await self.listing.list_tools()
+
+    def own_process(self, holder: UpstreamSessions) -> StdioProcess | None:
+        """The running process of the client session ``holder``, if it has one (never started here)."""
+        if self.scope is ProcessScope.SHARED:
+            return None
+        held = holder.get(self.name)
+        if isinstance(held, StdioProcess) and self._by_owner.get(held.owner_ref or "") is held:
+            return held
+        return None
 
     async def call(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
         return await self.process_for(ctx).call(method, params, ctx)

@@ -9,9 +9,12 @@ only to the request that asked.
 
 A server-to-client request (sampling, elicitation, roots) carries no wire
 link to the call that caused it. On an owned process every call in flight is
-the owner's, so it goes to the owner (through one of its calls); on a process
-without an owner it is relayed only when exactly one client call is in flight,
-otherwise it is refused to the upstream (fail closed: never guess whom to ask).
+the owner's, so it goes to the owner (through one of its calls, or, with none
+in flight, on the owner's GET stream: its ``channel``, a transport session's);
+on a process without an owner it is relayed only when exactly one client call
+is in flight, otherwise it is refused to the upstream (fail closed: never
+guess whom to ask). Log messages and list changes an owned process sends
+between calls likewise reach its owner's channel, and nobody else.
 
 The process is restarted with exponential backoff when it dies; every request
 in flight at that moment fails with ``OutcomeUnknown`` (it was sent). It is
@@ -28,7 +31,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -56,6 +59,7 @@ from bastion.upstream.base import (
     ClientDeclined,
     ListChangedCallback,
     ResourceUpdatedCallback,
+    SessionChannel,
     UpstreamEra,
     UpstreamHealth,
     UpstreamReplied,
@@ -78,6 +82,10 @@ logger = logging.getLogger(__name__)
 BRIDGEABLE_CAPABILITIES: Mapping[str, Any] = MappingProxyType(
     {"sampling": {}, "elicitation": {"form": {}, "url": {}}, "roots": {"listChanged": True}}
 )
+
+
+# List changes of an owned process: they change its owner's view alone (issue 22).
+_OWNER_LIST_CHANGES = frozenset({"notifications/tools/list_changed", *SURFACE_LIST_CHANGED})
 
 
 # In a stdio server's command, args, env values and cwd: the process's own private directory, for
@@ -124,6 +132,7 @@ class StdioProcess:
         declared_capabilities: Mapping[str, Any] = BRIDGEABLE_CAPABILITIES,
         owner_ref: str | None = None,
         spawn_gate: anyio.Semaphore | None = None,
+        channel: SessionChannel | None = None,
     ) -> None:
         assert spec.command is not None
         self.spec = spec
@@ -132,6 +141,10 @@ class StdioProcess:
         # The runtime registry's key for this process (workers/runtimes.py): one slot per owner.
         self.runtime_key = spec.name if owner_ref is None else f"{spec.name}:{owner_ref}"
         self._declared = dict(declared_capabilities)
+        # The owner's way back outside a call (its GET stream), when the owner is a transport session.
+        self.channel = channel
+        # The level last sent with logging/setLevel for the owner (None: never sent).
+        self.log_level: str | None = None
         self._spawn_gate = spawn_gate
         # Set once the first launch is ready or has failed: an owner's first call waits for no more.
         self.first_launch_settled = anyio.Event()
@@ -450,6 +463,10 @@ class StdioProcess:
                 # An owned process is its owner's upstream session; one without an owner is everybody's.
                 self.on_resource_updated(self.name, uri, None if self.owner_ref is None else self)
             return
+        if self.owner_ref is not None and method in _OWNER_LIST_CHANGES:
+            if self.channel is not None and self._task_group is not None:
+                self._task_group.start_soon(self._tell_owner_list_changed, method)
+            return  # the owner's own lists changed, not the gateway-wide catalog
         if method in SURFACE_LIST_CHANGED:
             if self.on_surface_changed is not None and self._task_group is not None:
                 # Not awaited here: refreshing sends prompts/list, whose answer this loop must read.
@@ -471,7 +488,17 @@ class StdioProcess:
             only = self._only_caller()
             if only is not None:
                 self._offer(only, method, params, size)
+            elif self.owner_ref is not None and self.channel is not None:
+                await self.channel.notify(method, params)  # between calls: the owner's GET stream
             return
+
+    async def _tell_owner_list_changed(self, method: str) -> None:
+        """The owner's view of this process's tools (or prompts, resources) changed: tell the owner."""
+        assert self.channel is not None
+        if method == "notifications/tools/list_changed":
+            await self.channel.tools_changed(self.name)
+        else:
+            await self.channel.notify(method, {})
 
     def _offer(self, pending: _Pending, method: str, params: dict[str, Any], size: int) -> None:
         """Queue a notification for its client; never waits (a slow client must not stall this reader)."""
@@ -502,7 +529,13 @@ class StdioProcess:
                 "roots/list": "roots",
             }.get(method)
             only = self._only_caller()
-            if capability is None or only is None or capability not in only.capabilities:
+            ask: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
+            if capability is not None and only is not None and capability in only.capabilities:
+                ask = only.relay.on_request
+            elif capability is not None and only is None and self.owner_ref is not None:
+                # No call of the owner in flight: its GET stream (which checks what it declared).
+                ask = self.channel.request if self.channel is not None else None
+            if ask is None:
                 reply = {
                     "jsonrpc": "2.0",
                     "id": request_id,
@@ -510,7 +543,7 @@ class StdioProcess:
                 }
             else:
                 try:
-                    result = await only.relay.on_request(method, params)
+                    result = await ask(method, params)
                     reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
                 except ClientDeclined as exc:
                     reply = {"jsonrpc": "2.0", "id": request_id, "error": exc.error}
@@ -627,6 +660,7 @@ class StdioProcess:
 
     async def _call(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
         await self._await_ready(ctx.timeout_s)
+        await self._ensure_log_level(ctx.log_level)
         relay = RequestRelay.for_call(ctx)
         try:
             with anyio.fail_after(ctx.timeout_s):
@@ -643,6 +677,16 @@ class StdioProcess:
                 return await self._request_raw(method, params, relay, ctx.client_capabilities)
         except TimeoutError as exc:
             raise UpstreamTimeout(f"upstream {self.name} did not answer within {ctx.timeout_s:g}s") from exc
+
+    async def _ensure_log_level(self, level: str | None) -> None:
+        """The owner's ``logging/setLevel`` reaches its own process before its next request."""
+        if self.owner_ref is None or level is None or self.log_level == level:
+            return
+        if "logging" not in self.server_capabilities:
+            return  # the server does not log: nothing to set, nothing lost
+        with anyio.move_on_after(self.spec.timeout_s or 30.0), contextlib.suppress(UpstreamReplied):
+            await self._request_raw("logging/setLevel", {"level": level}, RequestRelay(None, None), {})
+        self.log_level = level
 
     async def notify(self, method: str) -> None:
         """Pass the owner's notification (``notifications/roots/list_changed``) to this process."""
