@@ -1,8 +1,8 @@
-"""Prometheus metrics of one gateway process, on its own registry (no process-global collector).
+"""The per-call Prometheus metrics of one gateway process, on its own registry (no process-global collector).
 
-:class:`GatewayMetrics` are gauges read from the gateway when scraped;
 :class:`CallMetrics` are the per-call families (issue #25) that
-``call_telemetry.py`` feeds. Label values are bounded: servers and tools come
+``call_telemetry.py`` feeds (the gauges read from the gateway when scraped
+are ``gateway_metrics.py``). Label values are bounded: servers and tools come
 from the catalog (an unknown tool is the one value ``(unknown)``), outcomes
 from the execution states, reasons from ``errors.Reason``, and the agent label
 is empty unless ``gateway.metrics_agents`` names how many agents get a value
@@ -15,17 +15,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    pass
 
-    from prometheus_client.core import Metric
-
-    from bastion.gateway import Gateway
-
-__all__ = ["UNKNOWN_TOOL", "AgentLabels", "CallMetrics", "GatewayMetrics"]
+__all__ = ["UNKNOWN_TOOL", "AgentLabels", "CallMetrics"]
 
 #: The tool label of a call whose tool is not in the catalog (never the name the client sent).
 UNKNOWN_TOOL = "(unknown)"
@@ -33,72 +27,6 @@ UNKNOWN_TOOL = "(unknown)"
 OTHER_AGENT = "other"
 #: Seconds: from half a millisecond (the gateway's own overhead) to the upstream timeout.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-
-class GatewayMetrics:
-    """Gauges read from the gateway when scraped."""
-
-    def __init__(self, registry: CollectorRegistry, gateway: Gateway) -> None:
-        sessions = Gauge(
-            "bastion_transport_sessions", "Live session-era transport sessions", registry=registry
-        )
-        sessions.set_function(lambda: len(gateway.registry))
-        tools = Gauge("bastion_tools", "Tools in the surface", registry=registry)
-        tools.set_function(lambda: len(gateway.fleet.catalog))
-        connected = Gauge("bastion_upstreams_connected", "Upstreams whose transport is up", registry=registry)
-        connected.set_function(lambda: sum(1 for h in gateway.fleet.health() if h.connected))
-        degraded = Gauge(
-            "bastion_store_degraded", "1 while the store cannot write (admissions refused)", registry=registry
-        )
-        degraded.set_function(lambda: 1 if gateway.health.degraded else 0)
-        sessionless = Gauge(
-            "bastion_sessionless_agent_sessions",
-            "Agent sessions (or agents) with a live shared evidence chain: the sessionless era's clients",
-            registry=registry,
-        )
-        sessionless.set_function(lambda: len(gateway.shared_evidence) if gateway.shared_evidence else 0)
-        registry.register(_UpstreamUp(gateway))
-        registry.register(_StoreWrites(gateway))
-
-
-class _UpstreamUp(Collector):
-    """``bastion_upstream_up{server}``: 1 while that upstream's transport is up."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self._gateway = gateway
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            "bastion_upstream_up", "1 while the upstream's transport is up", labels=["server"]
-        )
-        for health in self._gateway.fleet.health():
-            family.add_metric([health.name], 1 if health.connected else 0)
-        yield family
-
-
-class _StoreWrites(Collector):
-    """The store's own counts, read at scrape: committed write transactions (one fsync each) and
-    the writes they carried (their ratio is the group-commit batch size)."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self._gateway = gateway
-
-    def collect(self) -> Iterator[Metric]:
-        store = self._gateway.store
-        transactions = getattr(store, "committed_transactions", None)
-        writes = getattr(store, "committed_writes", None)
-        if isinstance(transactions, int):
-            family = CounterMetricFamily(
-                "bastion_store_transactions", "Committed store write transactions (one fsync each)"
-            )
-            family.add_metric([], transactions)
-            yield family
-        if isinstance(writes, int):
-            family = CounterMetricFamily(
-                "bastion_store_writes", "Store writes committed in those transactions (group commit)"
-            )
-            family.add_metric([], writes)
-            yield family
 
 
 class AgentLabels:

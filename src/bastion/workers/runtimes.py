@@ -42,7 +42,7 @@ from bastion.ids import Epoch, WorkerId
 from bastion.store.base import Store
 from bastion.workers.liveness import PidAlive, pid_alive, this_host
 from bastion.workers.registry import WorkerRole, register_identity
-from bastion.workers.takeover import withdraw_if_dead
+from bastion.workers.withdrawal import withdraw_if_dead
 
 __all__ = ["LaunchedRuntime", "ProcessHook", "RuntimeRegistry"]
 

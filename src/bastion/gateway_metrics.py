@@ -1,0 +1,92 @@
+"""The gauges of one gateway process read from its state when scraped, on the app's own registry.
+
+Transport sessions, catalog size, connected upstreams, degraded, sessionless
+evidence scopes, ``bastion_upstream_up{server}`` and the store's committed
+write counts. Split from ``metrics.py`` (the per-call families that
+``call.py`` feeds through ``call_telemetry.py``) because these read the whole
+:class:`~bastion.gateway.Gateway`, which itself depends on the per-call ones;
+only ``app.py`` builds them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from prometheus_client.core import Metric
+
+    from bastion.gateway import Gateway
+
+__all__ = ["GatewayMetrics"]
+
+
+class GatewayMetrics:
+    """Gauges read from the gateway when scraped."""
+
+    def __init__(self, registry: CollectorRegistry, gateway: Gateway) -> None:
+        sessions = Gauge(
+            "bastion_transport_sessions", "Live session-era transport sessions", registry=registry
+        )
+        sessions.set_function(lambda: len(gateway.registry))
+        tools = Gauge("bastion_tools", "Tools in the surface", registry=registry)
+        tools.set_function(lambda: len(gateway.fleet.catalog))
+        connected = Gauge("bastion_upstreams_connected", "Upstreams whose transport is up", registry=registry)
+        connected.set_function(lambda: sum(1 for h in gateway.fleet.health() if h.connected))
+        degraded = Gauge(
+            "bastion_store_degraded", "1 while the store cannot write (admissions refused)", registry=registry
+        )
+        degraded.set_function(lambda: 1 if gateway.health.degraded else 0)
+        sessionless = Gauge(
+            "bastion_sessionless_agent_sessions",
+            "Agent sessions (or agents) with a live shared evidence chain: the sessionless era's clients",
+            registry=registry,
+        )
+        sessionless.set_function(lambda: len(gateway.shared_evidence) if gateway.shared_evidence else 0)
+        registry.register(_UpstreamUp(gateway))
+        registry.register(_StoreWrites(gateway))
+
+
+class _UpstreamUp(Collector):
+    """``bastion_upstream_up{server}``: 1 while that upstream's transport is up."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "bastion_upstream_up", "1 while the upstream's transport is up", labels=["server"]
+        )
+        for health in self._gateway.fleet.health():
+            family.add_metric([health.name], 1 if health.connected else 0)
+        yield family
+
+
+class _StoreWrites(Collector):
+    """The store's own counts, read at scrape: committed write transactions (one fsync each) and
+    the writes they carried (their ratio is the group-commit batch size)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        store = self._gateway.store
+        transactions = getattr(store, "committed_transactions", None)
+        writes = getattr(store, "committed_writes", None)
+        if isinstance(transactions, int):
+            family = CounterMetricFamily(
+                "bastion_store_transactions", "Committed store write transactions (one fsync each)"
+            )
+            family.add_metric([], transactions)
+            yield family
+        if isinstance(writes, int):
+            family = CounterMetricFamily(
+                "bastion_store_writes", "Store writes committed in those transactions (group commit)"
+            )
+            family.add_metric([], writes)
+            yield family
