@@ -43,7 +43,7 @@ from bastion.store.base import (
     WorkerRecord,
 )
 from bastion.store.token_buckets import BucketTake, TokensRefused
-from bastion.testing.replicas_passthrough import ReplicaRecordsPassthrough
+from tests.support.replicas_passthrough import ReplicaRecordsPassthrough
 
 __all__ = ["FailPoint", "FailWhen", "FaultyStore"]
 
