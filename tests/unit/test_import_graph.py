@@ -99,3 +99,13 @@ def test_the_graph_sees_the_edges_it_must() -> None:
 def test_find_cycle_reports_a_circle_and_accepts_a_dag() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_shipped_package_carries_no_test_support() -> None:
+    """Fault-injecting stores, the crash gateway and cluster helpers live in ``tests/support``."""
+    assert not (PACKAGE_ROOT / "testing").exists()
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        for node in imports(ast.parse(path.read_text(encoding="utf-8"))):
+            is_import = isinstance(node, ast.Import)
+            names = [alias.name for alias in node.names] if is_import else [node.module or ""]
+            assert not any(name == "tests" or name.startswith("tests.") for name in names), path
