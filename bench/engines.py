@@ -13,9 +13,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bastion.testing.pg_cluster import ThrowawayCluster
+import repo_path  # noqa: F401  (puts the repository root on sys.path: tests.support)
 from loadgen import Mode
 from store_ops import count_store_ops
+from tests.support.pg_cluster import ThrowawayCluster
 
 __all__ = ["engine_ratios", "postgres_url", "render_engines", "stop_postgres", "store_ops_both"]
 

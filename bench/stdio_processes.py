@@ -32,13 +32,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import repo_path  # noqa: F401  (puts the repository root on sys.path: tests.support)
 from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.stdio import StdioUpstream
 from loadgen import McpSession, Target, lean_client, percentile
+from tests.support.loopback import serve_on_loopback
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token-" + "b" * 32

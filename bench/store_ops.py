@@ -17,11 +17,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import repo_path  # noqa: F401  (puts the repository root on sys.path: tests.support)
 from bastion.app import create_app
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from loadgen import Mode, Target, run_phase
+from tests.support.loopback import serve_on_loopback
 
 __all__ = ["CountingStore", "count_store_ops"]
 

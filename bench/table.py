@@ -37,13 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import repo_path  # noqa: F401  (puts the repository root on sys.path: tests.support)
 import targets
-from bastion.testing.pg_cluster import PostgresUnavailable, find_bindir
 from idle_sessions import describe as describe_idle
 from idle_sessions import measure_idle_sessions
 from procs import Terminated, raise_on_signals, run_to_end
 from soak import describe as describe_soak
 from soak import run_soak
+from tests.support.pg_cluster import PostgresUnavailable, find_bindir
 from verify_throughput import describe as describe_verify
 from verify_throughput import measure_verify
 

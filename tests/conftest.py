@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bastion.testing.pg_cluster import PostgresUnavailable, ThrowawayCluster
+from tests.support.pg_cluster import PostgresUnavailable, ThrowawayCluster
 
 
 @pytest.fixture

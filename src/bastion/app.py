@@ -34,7 +34,7 @@ from bastion.auth.principal import Principal
 from bastion.errors import BastionError, ConfigError
 from bastion.front_route import MCP_PATH, McpFirst
 from bastion.gateway import Gateway, RuntimeOptions
-from bastion.metrics import GatewayMetrics
+from bastion.gateway_metrics import GatewayMetrics
 from bastion.policy.snapshot import Snapshot
 from bastion.start_refusal import StartRefusal, start_refusal_line
 from bastion.store.base import Store

@@ -26,7 +26,7 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
+from tests.support.loopback import serve_on_loopback
 
 SESSIONLESS_MAX_AGE_S = 0.5
 TOKENS = {"alice": "alice-token-" + "a" * 32, "bob": "bob-token-" + "b" * 32}

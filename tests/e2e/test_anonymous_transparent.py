@@ -23,9 +23,9 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, Upstream
 from tests.e2e.issue4_support import entries_with_event
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

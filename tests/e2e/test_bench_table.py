@@ -17,8 +17,8 @@ from types import ModuleType
 
 import pytest
 
-from bastion.testing.pg_cluster import PostgresUnavailable, find_bindir
 from tests.e2e.conftest import Upstream
+from tests.support.pg_cluster import PostgresUnavailable, find_bindir
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [

@@ -32,11 +32,11 @@ from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.surface.capabilities import GOVERNED_EXTENSIONS
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, _stop
 from tests.e2e.extensions_upstream import LIST_META
 from tests.e2e.third_party.servers import fastmcp_python, npm_server
 from tests.e2e.upstream_support import listening_upstream
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ from mcp_types import CreateMessageResult, ElicitResult, TextContent
 from bastion.app import create_app
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import RunningGateway, Upstream, gateway_config
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -29,12 +29,12 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from bastion.transport.limits import WAITING_FACTOR, front_door_limits
 from tests.e2e.conftest import TOKENS, Upstream
 from tests.e2e.issue4_support import toml_dumps
 from tests.e2e.replicas_support import NGINX, _free_port, _until_listening, nginx_config
 from tests.e2e.test_workers_e2e import _stop, gateway_process
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -12,9 +12,9 @@ import pytest
 from bastion.app import create_app
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import RunningGateway, Upstream, gateway_config
 from tests.e2e.test_transport_rules import INIT, assert_error, headers
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

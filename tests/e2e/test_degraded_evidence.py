@@ -16,12 +16,12 @@ from bastion.cli.main import main
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
 from bastion.store.base import Store
-from bastion.testing.faulty_store import FaultyStore
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import Upstream, gateway_config
 from tests.e2e.issue4_support import auth_table
 from tests.e2e.test_evidence_e2e import reason_of, receipt_of, sessionless_call
 from tests.e2e.test_execution_durability import entries_of_call, faulty_gateway, wait_until_recovered
+from tests.support.faulty_store import FaultyStore
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -32,7 +32,6 @@ from bastion.cli.verify_cmd import EXIT_FAILED, EXIT_OK, run_verify
 from bastion.crypto.keys import VerifyingKey
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import SESSIONLESS_MAX_AGE_S, TOKENS, RunningGateway, Upstream, gateway_config
 from tests.e2e.test_transport_rules import (
     MODERN_META,
@@ -41,6 +40,7 @@ from tests.e2e.test_transport_rules import (
     rpc,
     session_headers,
 )
+from tests.support.loopback import serve_on_loopback
 
 BIN = Path(sys.executable).parent
 CLAIM_WAIT_S = 5.0

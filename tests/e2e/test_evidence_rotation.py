@@ -17,9 +17,9 @@ from bastion.crypto.key_set import verify_key_set
 from bastion.gateway import RuntimeOptions
 from bastion.policy.digest import snapshot_digest, snapshot_document
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, Upstream, gateway_config
 from tests.e2e.test_transport_rules import open_session, rpc, session_headers
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

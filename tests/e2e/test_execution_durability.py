@@ -29,8 +29,6 @@ from bastion.gateway import Gateway, RuntimeOptions
 from bastion.ids import AgentId, ExecutionId
 from bastion.policy.load import snapshot_from_mapping
 from bastion.store.base import Store
-from bastion.testing.faulty_store import FailWhen, FaultyStore
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import SESSIONLESS_MAX_AGE_S, Upstream, counter_value, gateway_config
 from tests.e2e.issue4_support import ADMIN_TOKEN, auth_table, bearer
 from tests.e2e.test_evidence_e2e import (
@@ -48,6 +46,8 @@ from tests.e2e.test_evidence_e2e import (
 )
 from tests.e2e.test_execution_restart import entries_with
 from tests.e2e.test_transport_rules import open_session, rpc, session_headers
+from tests.support.faulty_store import FailWhen, FaultyStore
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -15,10 +15,10 @@ from bastion.app import create_app
 from bastion.cli.main import main
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, Upstream
 from tests.e2e.issue4_support import AUDITOR_TOKEN, base_config
 from tests.e2e.test_evidence_e2e import sessionless_call
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -35,7 +35,6 @@ from bastion.admission.binding import bind_call
 from bastion.app import create_app
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, Upstream, counter_value, gateway_config
 from tests.e2e.test_evidence_e2e import (
     auth,
@@ -47,6 +46,7 @@ from tests.e2e.test_evidence_e2e import (
     sessionless_call,
 )
 from tests.e2e.test_transport_rules import MODERN_META, modern_headers, open_session, rpc, session_headers
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

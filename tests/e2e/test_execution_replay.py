@@ -28,7 +28,6 @@ from bastion.cli.verify_cmd import EXIT_OK, run_join
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.ids import AgentId, ExecutionId
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import SESSIONLESS_MAX_AGE_S, Upstream, counter_value, gateway_config
 from tests.e2e.test_evidence_e2e import (
     bundle_entries,
@@ -42,6 +41,7 @@ from tests.e2e.test_evidence_e2e import (
 )
 from tests.e2e.test_execution_restart import entries_with
 from tests.e2e.test_transport_rules import MODERN_META, modern_headers, rpc
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

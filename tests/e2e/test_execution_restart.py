@@ -1,6 +1,6 @@
 """Process restart (seed 000, DESIGN section 3): ``kill -9`` the gateway at each durable step, then recover.
 
-Each case runs the gateway as a real subprocess (``bastion.testing.crash_gateway``)
+Each case runs the gateway as a real subprocess (``tests.support.crash_gateway``)
 on a fresh data dir, in front of a fresh HTTP tools upstream whose
 ``increment`` tool counts its invocations. The first process kills itself
 (SIGKILL) at one step of one execution; the second, started on the same data
@@ -34,7 +34,6 @@ from bastion.auth.bearer import hash_token
 from bastion.cli.verify_cmd import EXIT_OK
 from bastion.ids import AgentId, ExecutionId
 from bastion.store.sqlite import SqliteStore
-from bastion.testing.crash_store import CrashingStore, parse_kill_point
 from tests.e2e.conftest import TOKENS, Upstream, counter_value
 from tests.e2e.test_evidence_e2e import (
     reason_of,
@@ -44,9 +43,11 @@ from tests.e2e.test_evidence_e2e import (
     verify_quietly,
     write_public_key,
 )
+from tests.support.crash_store import CrashingStore, parse_kill_point
 
 pytestmark = pytest.mark.anyio
 
+REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
 KILL_TIMEOUT_S = 10.0
 
@@ -72,11 +73,11 @@ class GatewayProcess:
 async def gateway_process(
     config: Path, data_dir: Path, log: Path, *extra: str
 ) -> AsyncIterator[GatewayProcess]:
-    """Run ``bastion.testing.crash_gateway`` until it prints ``BASTION READY <url>``; stop it on exit."""
+    """Run ``tests.support.crash_gateway`` until it prints ``BASTION READY <url>``; stop it on exit."""
     command = [
         sys.executable,
         "-m",
-        "bastion.testing.crash_gateway",
+        "tests.support.crash_gateway",
         "--config",
         str(config),
         "--data-dir",
@@ -90,7 +91,8 @@ async def gateway_process(
         *extra,
     ]
     with log.open("ab") as stderr:
-        process = await anyio.open_process(command, stderr=stderr)
+        # ``python -m tests.support...`` finds the tests package from the repository root.
+        process = await anyio.open_process(command, stderr=stderr, cwd=REPO)
     try:
         assert process.stdout is not None
         with anyio.fail_after(START_TIMEOUT_S):

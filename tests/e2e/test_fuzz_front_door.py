@@ -41,9 +41,9 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import loopback_config
 from tests.e2e.conftest import TOKENS, Upstream
 from tests.e2e.garbage_upstream import GARBAGE, GarbageUpstream
+from tests.support.loopback import loopback_config
 
 EXAMPLES = int(os.environ.get("BASTION_FUZZ_EXAMPLES", "150"))
 REPORT = os.environ.get("BASTION_FUZZ_REPORT")

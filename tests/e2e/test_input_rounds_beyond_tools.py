@@ -21,8 +21,8 @@ import pytest
 from bastion.app import create_app
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.upstream_support import listening_upstream
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

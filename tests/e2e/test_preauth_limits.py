@@ -19,10 +19,10 @@ from anyio.abc import SocketStream
 from bastion.app import create_app
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from bastion.transport.limits import front_door_limits
 from tests.e2e.conftest import TOKENS, Upstream, gateway_config
 from tests.e2e.test_serve_process import DEAD_URL, Serve
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

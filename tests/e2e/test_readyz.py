@@ -21,9 +21,9 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS
 from tests.e2e.issue4_support import ADMIN_TOKEN, WAIT_S, auth_table, bearer
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -23,8 +23,8 @@ from mcp.client.streamable_http import streamable_http_client
 from bastion.app import create_app
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, Upstream, gateway_config
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -15,9 +15,9 @@ import pytest
 from bastion.app import create_app
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, Upstream, gateway_config
 from tests.e2e.issue4_support import assert_refused, initialize_message, mcp_headers, open_session
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

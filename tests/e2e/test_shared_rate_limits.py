@@ -20,9 +20,9 @@ from mcp.shared.exceptions import MCPError
 from bastion.app import create_app
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import Upstream, gateway_config
 from tests.e2e.issue4_support import sdk_client, static_token
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -25,10 +25,10 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS
 from tests.e2e.issue4_support import entries_with_event
 from tests.e2e.test_transport_rules import MODERN, MODERN_META, headers, rpc
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

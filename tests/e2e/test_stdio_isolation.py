@@ -28,7 +28,6 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.stdio import StdioUpstream
 from bastion.upstream.streamable_http import HttpUpstreamSession
 from bastion.workers.attachment import sessionless_ref
@@ -47,6 +46,7 @@ from tests.e2e.issue4_support import (
 from tests.e2e.test_serve_process import Serve
 from tests.e2e.test_serve_process import serving as serving  # the fixture
 from tests.e2e.third_party.servers import npm_server
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -26,12 +26,12 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, RunningGateway
 from tests.e2e.test_capability_views_e2e import _elicit, _sample
 from tests.e2e.test_serve_process import Serve
 from tests.e2e.test_serve_process import serving as serving  # the fixture
 from tests.e2e.third_party.servers import fastmcp_python, npm_server
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -23,11 +23,11 @@ from bastion.policy.load import snapshot_from_mapping
 from bastion.store.base import Store
 from bastion.store.health import DEGRADED_WITHIN_S
 from bastion.store.sqlite import SqliteStore
-from bastion.testing.faulty_store import FaultyStore
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import Upstream, gateway_config
 from tests.e2e.issue4_support import auth_table
 from tests.e2e.test_execution_durability import readiness
+from tests.support.faulty_store import FaultyStore
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -32,7 +32,6 @@ import pytest
 
 from bastion.auth.bearer import hash_token
 from bastion.store.health import DEGRADED_WITHIN_S, PROBE_INTERVAL_S
-from bastion.testing.pg_cluster import ThrowawayCluster
 from tests.conftest import schema_name, start_cluster_or_skip
 from tests.e2e.conftest import Upstream
 from tests.e2e.issue4_support import ADMIN_TOKEN, bearer
@@ -45,6 +44,7 @@ from tests.e2e.test_workers_e2e import (
     holding_upstream,
     write_config,
 )
+from tests.support.pg_cluster import ThrowawayCluster
 
 pytestmark = pytest.mark.anyio
 __all__ = ["holding_upstream"]  # the fixture, imported for this module's tests

@@ -31,8 +31,8 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, RunningGateway, _stop
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

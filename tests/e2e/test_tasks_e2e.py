@@ -29,11 +29,11 @@ from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.ids import AgentId, ExecutionId
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, RunningGateway
 from tests.e2e.test_transport_rules import MODERN, MODERN_META, headers, open_session, rpc, session_headers
 from tests.e2e.third_party.servers import npm_server
 from tests.e2e.upstream_support import listening_upstream
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

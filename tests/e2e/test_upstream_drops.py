@@ -24,11 +24,11 @@ from bastion.auth.bearer import hash_token
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.ids import AgentId, ExecutionId
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, Upstream, gateway_config
 from tests.e2e.dropping_upstream import DroppingUpstream
 from tests.e2e.test_evidence_e2e import receipt_of, sessionless_call
 from tests.e2e.test_execution_restart import entries_with
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -13,10 +13,10 @@ from mcp.shared.exceptions import MCPError
 from bastion.app import create_app
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.stdio import StdioProcess, StdioUpstream
 from bastion.upstream.streamable_http import HttpUpstreamSession
 from tests.e2e.conftest import RunningGateway, Upstream, gateway_config
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -26,12 +26,12 @@ from bastion.auth.bearer import hash_token
 from bastion.gateway import Gateway, RuntimeOptions
 from bastion.ids import AgentId, ExecutionId
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, RunningGateway
 from tests.e2e.garbage_upstream import GARBAGE, GARBAGE_ERRORS, GarbageUpstream
 from tests.e2e.test_evidence_e2e import receipt_of, sessionless_call
 from tests.e2e.test_execution_restart import entries_with
 from tests.e2e.test_transport_rules import MODERN_META, modern_headers
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

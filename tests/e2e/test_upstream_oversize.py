@@ -23,11 +23,11 @@ from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.ids import AgentId, ExecutionId
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS, RunningGateway
 from tests.e2e.test_evidence_e2e import receipt_of, sessionless_call
 from tests.e2e.test_execution_restart import entries_with
 from tests.e2e.upstream_support import listening_upstream, text_of
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -27,9 +27,9 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from tests.e2e.conftest import TOKENS
 from tests.e2e.upstream_support import client_through_bastion, listening_upstream, text_of
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -30,7 +30,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bastion.crypto.jcs import CanonicalizationError, canonical_json
-from bastion.crypto.keys import KeyringError, VerifyingKey, b64url_decode, b64url_encode
+from bastion.crypto.public_key import KeyringError, VerifyingKey, b64url_decode, b64url_encode
 
 __all__ = ["KEY_SET_TYPE", "InvalidKeySet", "key_set_body", "sign_key_set", "verify_key_set"]
 

@@ -16,7 +16,7 @@ These are demo fixtures for Bastion, not part of the gateway.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
@@ -30,8 +30,7 @@ from mcp_types import (
     ResourceTemplateReference,
 )
 
-if TYPE_CHECKING:
-    from bastion.examples.notes_server import NoteFile
+from bastion.examples.notes_file import NoteFile
 
 __all__ = ["ALL_NOTES_URI", "NOTE_TEMPLATE", "STYLES", "add_notes_surface"]
 

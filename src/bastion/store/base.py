@@ -59,7 +59,7 @@ identity). Neither is fenced, by decision: each only ever *removes* liveness,
 the fail-closed direction. It can make a generation claimable sooner and a
 holder superseded sooner (it then learns so at its next heartbeat); it never
 lets any writer write. A withdrawal is also made by a gateway that has not
-claimed its own generation yet (``workers/takeover.withdraw_if_dead`` before a
+claimed its own generation yet (``workers/withdrawal.withdraw_if_dead`` before a
 claim), which has no epoch to show. Nothing ever restores liveness once
 withdrawn: not a heartbeat, not a live PID.
 

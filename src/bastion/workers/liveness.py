@@ -8,7 +8,7 @@ process that stopped heartbeating for a reason of its own). A record whose
 liveness was withdrawn, or that failed, is never live again.
 
 This module reads records and asks the operating system about PIDs; it never
-writes to the store (``workers/takeover.py`` records a withdrawal).
+writes to the store (``workers/withdrawal.py`` records a withdrawal).
 """
 
 from __future__ import annotations

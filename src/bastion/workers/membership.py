@@ -28,7 +28,7 @@ from bastion.store.dsn import redact_argv
 from bastion.store.failure_log import FailureLog
 from bastion.workers.identity import mint_worker_id
 from bastion.workers.liveness import pid_alive, this_host
-from bastion.workers.takeover import withdraw_if_dead
+from bastion.workers.withdrawal import withdraw_if_dead
 
 __all__ = ["WorkerMembership"]
 

@@ -43,7 +43,7 @@ from bastion.store.base import Store
 from bastion.store.failure_log import FailureLog
 from bastion.workers.liveness import PidAlive, pid_alive, this_host
 from bastion.workers.registry import WorkerRole, register_identity
-from bastion.workers.takeover import withdraw_if_dead
+from bastion.workers.withdrawal import withdraw_if_dead
 
 __all__ = ["LaunchedRuntime", "ProcessHook", "RuntimeRegistry"]
 

@@ -33,7 +33,6 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import anyio
 
@@ -41,22 +40,20 @@ from bastion.errors import Conflict, StaleEpoch, StoreError
 from bastion.ids import Epoch, WorkerId
 from bastion.store.base import GenerationRecord, Store, WorkerRecord
 from bastion.store.failure_log import FailureLog
-from bastion.workers.liveness import Liveness, PidAlive, liveness_of, pid_known_dead
+from bastion.workers.liveness import Liveness, PidAlive, liveness_of
 from bastion.workers.liveness import this_host as local_host
+from bastion.workers.membership import WorkerMembership
 from bastion.workers.registry import WorkerRole, register_identity
+from bastion.workers.withdrawal import withdraw_if_dead
 
-if TYPE_CHECKING:
-    # Only for types: membership.py calls withdraw_if_dead from here before it claims.
-    from bastion.workers.membership import WorkerMembership
-
-__all__ = ["MembershipFactory", "Recover", "Takeover", "scan_peers", "watch_peers", "withdraw_if_dead"]
+__all__ = ["MembershipFactory", "Recover", "Takeover", "scan_peers", "watch_peers"]
 
 logger = logging.getLogger(__name__)
 
-MembershipFactory = Callable[[str], "WorkerMembership"]
+MembershipFactory = Callable[[str], WorkerMembership]
 """``factory(generation)``: an unjoined :class:`WorkerMembership` for that generation."""
 
-Recover = Callable[["WorkerMembership"], Awaitable[object]]
+Recover = Callable[[WorkerMembership], Awaitable[object]]
 """``recover(membership)``: settle what the generation left, writing under ``membership.credentials()``."""
 
 _WATCHED_ROLES = frozenset({WorkerRole.GATEWAY.value, WorkerRole.RECOVERY.value})
@@ -73,35 +70,6 @@ class Takeover:
     epoch: Epoch
     why: Liveness
     recovered: bool
-
-
-async def withdraw_if_dead(
-    store: Store, generation: str, *, this_host: str, pid_alive: PidAlive, now: datetime
-) -> WorkerRecord | None:
-    """Withdraw the liveness of ``generation``'s holder if its PID is known dead on this host.
-
-    Call it before claiming (``WorkerMembership.join``, a takeover) so that a
-    holder known dead is superseded at once instead of after its lease.
-    Returns the withdrawn record, or ``None`` when there is no holder, it was
-    already withdrawn or failed, or its PID is not known dead here (alive, on
-    another host, or not recorded). Raises :class:`StoreError`.
-    """
-    claimed = await store.get_generation(generation)
-    if claimed is None:
-        return None
-    holder = await store.get_worker(claimed.holder)
-    if holder is None or holder.withdrawn_at is not None or holder.failed_at is not None:
-        return None
-    if not pid_known_dead(holder, pid_alive=pid_alive, this_host=this_host):
-        return None
-    withdrawn = await store.withdraw_liveness(
-        holder.worker_id, now=now, reason=f"pid {holder.provenance.get('pid')} is dead on {this_host}"
-    )
-    logger.warning(
-        "worker liveness withdrawn: its pid is dead",
-        extra={"worker": holder.worker_id, "generation": generation},
-    )
-    return withdrawn
 
 
 async def scan_peers(

@@ -25,7 +25,7 @@ from bastion.errors import (
 )
 from bastion.ids import AgentId
 from bastion.store.base import AgentSessionRecord, CredentialKind, CredentialRecord, Store
-from bastion.testing.faulty_store import FaultyStore
+from tests.support.faulty_store import FaultyStore
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ from bastion.admission.states import ExecutionState
 from bastion.errors import ExecutionInFlight, ExecutionReplay, NotDurable
 from bastion.ids import CallId, EvidenceSessionId
 from bastion.store.base import Store
-from bastion.testing.faulty_store import FaultyStore
+from tests.support.faulty_store import FaultyStore
 
 pytestmark = pytest.mark.anyio
 

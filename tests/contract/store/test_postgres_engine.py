@@ -18,7 +18,7 @@ from bastion.ids import CallId
 from bastion.store.dsn import redact_dsn
 from bastion.store.migrations import POSTGRES_MIGRATIONS
 from bastion.store.postgres import PostgresStore, apply_migrations
-from bastion.testing.pg_cluster import ThrowawayCluster
+from tests.support.pg_cluster import ThrowawayCluster
 
 pytestmark = pytest.mark.anyio
 

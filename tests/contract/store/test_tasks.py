@@ -17,7 +17,7 @@ from bastion.errors import AgentSessionExpired, AgentSessionRevoked, Conflict
 from bastion.ids import AgentId, CallId, EvidenceSessionId, ExecutionId
 from bastion.store.base import Store
 from bastion.store.tasks import NewTask, TaskRecord, TaskStatus
-from bastion.testing.faulty_store import FaultyStore
+from tests.support.faulty_store import FaultyStore
 
 pytestmark = pytest.mark.anyio
 

@@ -29,7 +29,7 @@ from bastion.cli.main import _parser
 from bastion.errors import AgentSessionExpired, AgentSessionRevoked, Unauthenticated
 from bastion.store.base import AgentSessionRecord
 from bastion.store.sqlite import SqliteStore
-from bastion.testing.loopback import serve_on_loopback
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,6 @@ from typing import Any
 import anyio
 import pytest
 from anyio.abc import TaskStatus
-from tests.unit.audit.conftest import PROFILE
 
 from bastion.audit.chain import CloseReason
 from bastion.audit.claim import PolicyInForce
@@ -21,6 +20,7 @@ from bastion.crypto.keys import Keyring
 from bastion.ids import AgentId
 from bastion.store.sqlite import SqliteStore
 from bastion.workers.membership import WorkerMembership
+from tests.unit.audit.conftest import PROFILE
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import anyio
 import pytest
-from tests.unit.audit.conftest import PROFILE
 
 from bastion.audit.claim import PolicyInForce
 from bastion.audit.entry import AuditEntry, AuditEvent
@@ -30,6 +29,7 @@ from bastion.crypto.keys import Keyring
 from bastion.ids import AgentId, EvidenceSessionId
 from bastion.store.sqlite import SqliteStore
 from bastion.workers.membership import WorkerMembership
+from tests.unit.audit.conftest import PROFILE
 
 pytestmark = pytest.mark.anyio
 

@@ -10,11 +10,11 @@ import pytest
 import rfc8785
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from tests.unit.crypto.test_crypto_jcs import entry_shaped
 
 from bastion.audit import walk
 from bastion.audit.errors import BundleDefect
 from bastion.crypto.jcs import is_plain_json
+from tests.unit.crypto.test_crypto_jcs import entry_shaped
 
 
 def _fast_path_accepts(line: bytes) -> bool:

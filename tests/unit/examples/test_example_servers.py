@@ -28,7 +28,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from bastion.examples.counter import COUNTER_FILE_ENV, FileCounter
-from bastion.examples.notes_server import NOTES_FILE_ENV
+from bastion.examples.notes_file import NOTES_FILE_ENV
 
 MODES = ["legacy", "auto"]
 CALL_LIMIT_S = 20

@@ -8,9 +8,9 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
-from tests.unit.examples.test_example_servers import CALL_LIMIT_S, MODES, client_for, notes_params
 
 from bastion.examples.notes_surface import ALL_NOTES_URI, NOTE_TEMPLATE, STYLES
+from tests.unit.examples.test_example_servers import CALL_LIMIT_S, MODES, client_for, notes_params
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("mode", MODES)]
 

@@ -18,10 +18,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from bastion.examples.counter import FileCounter
 from bastion.examples.tools_server import build_app, build_server
 from bastion.policy.snapshot import ServerSpec, UpstreamKind
-from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.base import CallContext, UpstreamSessions
 from bastion.upstream.http_client import UpstreamHttp
 from bastion.upstream.streamable_http import HttpUpstream
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -12,9 +12,9 @@ import pytest
 from bastion.examples.counter import FileCounter
 from bastion.examples.tools_server import build_app, build_server
 from bastion.policy.load import snapshot_from_mapping
-from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.capability_sets import bridged_capabilities, capability_key, capability_set
 from bastion.upstream.fleet import MAX_CAPABILITY_SETS, UpstreamFleet
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

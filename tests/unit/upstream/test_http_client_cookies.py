@@ -12,8 +12,8 @@ import anyio
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.http_client import UpstreamHttp
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

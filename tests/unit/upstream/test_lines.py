@@ -13,10 +13,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bastion.errors import UpstreamResponseTooLarge
-from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.http_client import BodyOverLimit, UpstreamHttp
 from bastion.upstream.lines import ANY_LINE_END, LF, LineOverLimit, LineSplitter
 from bastion.upstream.sse import iter_sse_events
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from bastion.testing.loopback import serve_on_loopback
 from bastion.upstream.http_client import HttpFailure, UpstreamHttp, UpstreamResponse
 from bastion.upstream.resume import Reconnect, messages_resuming
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

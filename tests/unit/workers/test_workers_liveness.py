@@ -15,7 +15,7 @@ from bastion.store.base import WorkerRecord
 from bastion.store.sqlite import SqliteStore
 from bastion.workers import liveness
 from bastion.workers.liveness import Liveness, is_live, liveness_of, pid_alive, pid_known_dead
-from bastion.workers.takeover import withdraw_if_dead
+from bastion.workers.withdrawal import withdraw_if_dead
 
 pytestmark = pytest.mark.anyio
 

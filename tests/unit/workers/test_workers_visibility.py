@@ -29,10 +29,10 @@ from bastion.auth.agent_session import token_digest
 from bastion.cli.main import _parser, main
 from bastion.cli.workers_cmd import COLUMNS, run_workers
 from bastion.store.sqlite import SqliteStore
-from bastion.testing.loopback import serve_on_loopback
 from bastion.workers.attachment import AttachmentTracker
 from bastion.workers.liveness import pid_alive
 from bastion.workers.registry import WorkerRole, register_identity
+from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 

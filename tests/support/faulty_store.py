@@ -43,8 +43,8 @@ from bastion.store.base import (
     WorkerRecord,
 )
 from bastion.store.token_buckets import BucketTake, TokensRefused
-from bastion.testing.replicas_passthrough import ReplicaRecordsPassthrough
-from bastion.testing.tasks_passthrough import TaskStorePassthrough
+from tests.support.replicas_passthrough import ReplicaRecordsPassthrough
+from tests.support.tasks_passthrough import TaskStorePassthrough
 
 __all__ = ["FailPoint", "FailWhen", "FaultyStore"]
 

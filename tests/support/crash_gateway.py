@@ -1,11 +1,11 @@
 """Run the gateway as ``bastion serve`` does, with a store that kills the process at a chosen step.
 
-``python -m bastion.testing.crash_gateway --config PATH --data-dir DIR --port 0
+``python -m tests.support.crash_gateway --config PATH --data-dir DIR --port 0
 --kill-after OP [--kill-execution-id ID] [--lease-s 1]`` loads the TOML
 configuration and serves it with ``bastion serve``'s own serving loop on the
 embedded store, so it prints ``BASTION READY <url>`` once it accepts
 connections. With ``--kill-after`` the store is a
-:class:`~bastion.testing.crash_store.CrashingStore`, so the process ``kill -9``\\s
+:class:`~tests.support.crash_store.CrashingStore`, so the process ``kill -9``\\s
 itself at that step of the first matching execution; without it, the gateway
 runs normally, which is how a test restarts it on the same data dir.
 
@@ -31,13 +31,13 @@ from bastion.gateway import RuntimeOptions
 from bastion.logs import configure_logging
 from bastion.policy.load import load_snapshot
 from bastion.store.base import Store
-from bastion.testing.crash_store import CrashingStore, parse_kill_point
+from tests.support.crash_store import CrashingStore, parse_kill_point
 
 __all__ = ["main"]
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bastion.testing.crash_gateway", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tests.support.crash_gateway", description=__doc__)
     parser.add_argument("--config", type=Path, required=True, help="TOML configuration")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--host", default="127.0.0.1")

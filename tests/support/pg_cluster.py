@@ -71,7 +71,7 @@ class ThrowawayCluster:
         bindir = find_bindir()
         # Under /tmp, not $TMPDIR: the server user must reach it, and a Unix socket path is short.
         # mkdtemp makes a fresh private directory there, so a shared /tmp is safe.
-        parent = "/tmp" if os.path.isdir("/tmp") else None  # noqa: S108
+        parent = "/tmp" if os.path.isdir("/tmp") else None
         root = Path(tempfile.mkdtemp(prefix="bastion-pg-", dir=parent))
         run_as: list[str] = []
         if os.geteuid() == 0:
