@@ -448,3 +448,46 @@ async def test_revoking_an_agent_session_stops_only_its_process(
         async with sdk_client(gw.url, kept.token, mode="auto") as client:
             assert _text(await client.call_tool("notes__echo", {"text": "y"})) == "y"
         assert upstream.owned() == {sessionless_ref("carol", kept.agent_session_id): stays}
+
+
+async def test_server_filesystem_allows_each_client_only_its_own_roots(tmp_path: Path) -> None:
+    """server-filesystem takes its allowed directories from the client's roots: through Bastion each of
+    32 concurrent clients is allowed exactly its own directory and cannot read another client's file."""
+    base = tmp_path / "base"
+    base.mkdir()
+    dirs = [tmp_path / f"client-{index}" for index in range(CLIENTS)]
+    for index, directory in enumerate(dirs):
+        directory.mkdir()
+        (directory / "secret.txt").write_text(f"secret of client {index}\n")
+    config = _config({"fs": _stdio(npm_server("filesystem", str(base)), max_processes=40)})
+    async with _gateway(tmp_path, config) as gateway:
+        allowed: dict[int, str] = {}
+        own: dict[int, str] = {}
+        other: dict[int, str] = {}
+
+        async def client_run(index: int) -> None:
+            async def roots(context: Any) -> ListRootsResult:
+                return ListRootsResult(roots=[Root(uri=dirs[index].as_uri())])  # type: ignore[arg-type]
+
+            neighbour = dirs[(index + 1) % CLIENTS] / "secret.txt"
+            async with gateway.client(_agent(index), list_roots_callback=roots) as client:
+                # The server asks for roots after `initialized` and applies them when they come, as it
+                # does directly: a first call may still see its command-line directory.
+                with anyio.fail_after(60):
+                    while str(dirs[index]) not in (
+                        listed := _text(await client.call_tool("fs__list_allowed_directories", {}))
+                    ):
+                        await anyio.sleep(0.1)
+                allowed[index] = listed
+                read = await client.call_tool("fs__read_text_file", {"path": str(dirs[index] / "secret.txt")})
+                own[index] = _text(read)
+                refused = await client.call_tool("fs__read_text_file", {"path": str(neighbour)})
+                assert refused.is_error, _text(refused)
+                other[index] = _text(refused)
+
+        await _all_at_once(CLIENTS, client_run)
+    for index in range(CLIENTS):
+        assert str(dirs[index]) in allowed[index], allowed[index]
+        assert str(base) not in allowed[index] and allowed[index].count(str(tmp_path)) == 1, allowed[index]
+        assert own[index] == f"secret of client {index}\n", own[index]
+        assert "secret of client" not in other[index], other[index]
