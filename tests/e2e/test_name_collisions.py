@@ -36,6 +36,9 @@ def _config(tmp_path: Path, tools_url: str) -> dict[str, Any]:
                     "BASTION_NOTES_FILE": str(tmp_path / "notes.jsonl"),
                     "BASTION_COUNTER_FILE": str(tmp_path / "notes-counter.log"),
                 },
+                # The gateway-wide catalog's collisions: one process for all, whose list changes it follows
+                # (an owned process's list change is its owner's view alone: test_stdio_owned_channel.py).
+                "scope": "shared",
             },
             "tools": {"url": tools_url, "namespace": "notes_"},
         },

@@ -182,6 +182,8 @@ async def test_idle_replicas_turn_unready_within_the_bound_and_ready_again(
         for task in ("scanning peers for takeover", "change feed read", "listening for change"):
             assert len(_log_lines(replica, f"{task}")) <= 3, replica.lines
         assert _log_lines(replica, "heartbeat failed") == [], replica.lines  # the health said it
+        # The launched runtimes' heartbeat: once when it starts failing (and once more if the cause changes).
+        assert len(_log_lines(replica, "heartbeating the upstream runtimes")) <= 3, replica.lines
         assert "Traceback" not in replica.log.read_text()
         assert len(replica.lines) <= 20, replica.lines  # an outage of about 5 s, probed every second
 

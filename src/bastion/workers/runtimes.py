@@ -104,7 +104,7 @@ class RuntimeRegistry:
         self._credentials = credentials
         self._running: dict[str, LaunchedRuntime] = {}
         # One line per change of the heartbeat's state in a store outage, not one every beat (#23).
-        self._heartbeat_log = FailureLog(logger, "upstream runtime heartbeat")
+        self._heartbeat_log = FailureLog(logger, "heartbeating the upstream runtimes")
         self._events: tuple[MemoryObjectSendStream[_Event], MemoryObjectReceiveStream[_Event]] | None = None
         self._settled = anyio.Event()
 

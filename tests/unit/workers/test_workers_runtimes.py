@@ -271,5 +271,5 @@ async def test_a_store_outage_is_logged_once_not_every_heartbeat(
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
     infos = [r for r in caplog.records if r.levelname == "INFO" and "works again" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
-    assert "upstream runtime heartbeat failed" in warnings[0].getMessage()
+    assert "heartbeating the upstream runtimes failed" in warnings[0].getMessage()
     assert len(infos) == 1
