@@ -10,9 +10,7 @@ is what its own process shows a client with its capabilities (server-everything,
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +20,12 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp_types import ListRootsResult, Root
 
-from bastion.app import create_app
 from bastion.auth.bearer import hash_token
-from bastion.gateway import RuntimeOptions
-from bastion.policy.load import snapshot_from_mapping
 from tests.e2e.conftest import TOKENS, RunningGateway
-from tests.e2e.test_capability_views_e2e import _elicit, _sample
+from tests.e2e.test_capability_views_e2e import _elicit, _gateway, _sample
 from tests.e2e.test_serve_process import Serve
 from tests.e2e.test_serve_process import serving as serving  # the fixture
 from tests.e2e.third_party.servers import fastmcp_python, npm_server
-from tests.support.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.anyio
 
@@ -40,22 +34,6 @@ SPEAKER = Path(__file__).parent / "third_party" / "fastmcp2_stdio_server.py"
 
 def _speaker() -> dict[str, Any]:
     return {"command": fastmcp_python(2), "args": ["-W", "ignore", str(SPEAKER)], "timeout_s": 30.0}
-
-
-@contextlib.asynccontextmanager
-async def _gateway(tmp_path: Path, servers: dict[str, Any]) -> AsyncIterator[RunningGateway]:
-    snapshot = snapshot_from_mapping(
-        {
-            "gateway": {"upstream_timeout_s": 20.0},
-            "servers": servers,
-            "agents": {name: {"token_sha256": hash_token(token)} for name, token in TOKENS.items()},
-        },
-        source=None,
-        version="test",
-    )
-    app = create_app(snapshot, RuntimeOptions(data_dir=tmp_path / "data"))
-    async with serve_on_loopback(app) as url:
-        yield RunningGateway(url, app.state.gateway, tmp_path)
 
 
 def _text(result: Any) -> str:
