@@ -23,15 +23,16 @@ __all__ = ["engine_ratios", "postgres_url", "render_engines", "stop_postgres", "
 _cluster: list[ThrowawayCluster] = []  # the bench's one throwaway cluster (a script, not the gateway)
 
 
-def postgres_url(args: argparse.Namespace, temp: Path) -> str:
-    """``--store``, or a database of a throwaway durable cluster started on first use."""
+def postgres_url(args: argparse.Namespace, temp: Path, database: str = "bench") -> str:
+    """``--store``, or ``database`` of a throwaway durable cluster started on first use."""
     if args.store:
         return str(args.store)
     if not _cluster:
         _cluster.append(ThrowawayCluster.start(durable=True))
         _cluster[0].psql("CREATE DATABASE bench")
         _cluster[0].psql("CREATE DATABASE bench_ops")
-    return _cluster[0].dsn("bench")
+        _cluster[0].psql("CREATE DATABASE bench_history")
+    return _cluster[0].dsn(database)
 
 
 def stop_postgres() -> None:

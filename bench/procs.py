@@ -197,6 +197,38 @@ class Child:
         child._drainer.start()
         return child
 
+    @classmethod
+    def start_listening(
+        cls, name: str, argv: Sequence[str], *, port: int, log_path: Path, timeout_s: float
+    ) -> Child:
+        """Start ``argv`` (a daemon that prints nothing, such as nginx) and wait until ``port`` accepts.
+
+        Its stdout and stderr both go to ``log_path``. Raises ``StartFailed`` when it exits first or the
+        port does not accept within ``timeout_s``.
+        """
+        import socket
+
+        log = log_path.open("wb")
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            list(argv), stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        child = cls(name, process, log_path, f"listening on 127.0.0.1:{port}", 0.0, log)
+        try:
+            while True:
+                if process.poll() is not None:
+                    raise StartFailed(f"{name}: exited with status {process.returncode}; see {log_path}")
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+                if time.perf_counter() - started > timeout_s:
+                    raise StartFailed(f"{name}: port {port} not accepting in time; see {log_path}")
+                time.sleep(0.02)
+        except BaseException:
+            child.stop()
+            raise
+        child.ready_after_s = time.perf_counter() - started
+        return child
+
     def _await_line(self, ready: re.Pattern[str], deadline: float) -> str:
         stdout = self.process.stdout
         assert stdout is not None

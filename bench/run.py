@@ -13,6 +13,17 @@ with the through/direct ratios against the targets of DESIGN section 10 and
 writes every number as JSON. Bastion's CPU per call comes from
 ``/proc/<pid>/stat`` (utime + stime) around the measured concurrent phase.
 
+``--nginx`` also measures Debian's nginx as a pure reverse proxy in front of
+the same upstream (``relay.py``; installed when missing), in the same rounds:
+the physical limit of one extra hop, and every Bastion ratio against it
+(``bastion_vs_nginx``).
+
+``--history N`` also measures a Bastion whose store already holds a long
+history (``history.py``: N audit entries in closed chains and
+``--history-executions`` finished executions, written before it starts), in
+the same rounds as the one on a fresh store, and with ``--postgres`` the same
+on PostgreSQL: "cost flat as history grows" (``history_vs_fresh``).
+
 ``--audit-off-too`` starts a second Bastion (own port, own data directory)
 with ``--unsafe-no-audit`` and measures it in the same rounds, for the
 durable audit / audit off ratio. ``--execution-ids`` makes every call to
@@ -52,8 +63,10 @@ from typing import Any
 import httpx
 
 import engines
+from history import fill_history
 from loadgen import CallError, Mode, PhaseResult, Target, run_phase
 from procs import Child, StartFailed, Terminated, cpu_seconds, free_port, raise_on_signals
+from relay import RelayUnavailable, start_nginx_relay
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -96,6 +109,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="also measure a second bastion started with --unsafe-no-audit (durable audit / audit off)",
     )
     parser.add_argument(
+        "--nginx",
+        action="store_true",
+        help="also measure Debian's nginx as a pure reverse proxy to the same upstream (the hop's limit)",
+    )
+    parser.add_argument(
+        "--history",
+        type=int,
+        metavar="ENTRIES",
+        help="also measure a bastion whose store holds this many audit entries first (bench/history.py)",
+    )
+    parser.add_argument(
+        "--history-executions",
+        type=int,
+        help="with --history: finished executions in that store (default ENTRIES / 10)",
+    )
+    parser.add_argument(
         "--execution-ids",
         action="store_true",
         help="every call through bastion carries a fresh params._cmcp.execution_id",
@@ -126,6 +155,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--audit-off-too, --execution-ids and --postgres need bastion; drop --direct-only")
     if args.store and not args.postgres:
         parser.error("--store is for --postgres")
+    if args.history is not None and (args.direct_only or args.store or args.history < 4):
+        parser.error("--history needs bastion, a throwaway cluster (no --store) and at least 4 entries")
+    if args.history is not None and args.history_executions is None:
+        args.history_executions = args.history // 10
     return args
 
 
@@ -254,6 +287,85 @@ def ratios(direct: dict[str, Any], through: dict[str, Any]) -> dict[str, float]:
         "added_p50_ms": round(t["serial_p50_ms"] - d["serial_p50_ms"], 3),
         "added_p99_ms": round(t["serial_p99_ms"] - d["serial_p99_ms"], 3),
     }
+
+
+def relay_ratios(relay: dict[str, Any], through: dict[str, Any]) -> dict[str, float]:
+    """Bastion against the nginx relay of the same run: throughput, latency and CPU per call."""
+    r, t = relay["headline"], through["headline"]
+    return {
+        "throughput_ratio": round(t["calls_per_s"] / r["calls_per_s"], 3),
+        "added_p50_ms": round(t["serial_p50_ms"] - r["serial_p50_ms"], 3),
+        "added_p99_ms": round(t["serial_p99_ms"] - r["serial_p99_ms"], 3),
+        "relay_cpu_per_call_us": r["relay_cpu_per_call_us"],
+        "cpu_ratio": round(t["bastion_cpu_per_call_us"] / r["relay_cpu_per_call_us"], 3)
+        if r["relay_cpu_per_call_us"] > 0
+        else float("nan"),
+    }
+
+
+def history_ratios(fresh: dict[str, Any], long: dict[str, Any]) -> dict[str, float]:
+    """A store holding a long history against a fresh one, same engine, same rounds."""
+    f, h = fresh["headline"], long["headline"]
+    return {
+        "throughput_ratio": round(h["calls_per_s"] / f["calls_per_s"], 3),
+        "cpu_ratio": round(h["bastion_cpu_per_call_us"] / f["bastion_cpu_per_call_us"], 3),
+        "added_p50_ms": round(h["serial_p50_ms"] - f["serial_p50_ms"], 3),
+    }
+
+
+async def _history_bastions(
+    args: argparse.Namespace, temp: Path, config: Path, token: str, children: list[Child]
+) -> list[tuple[str, Child, Target]]:
+    """A bastion on a store filled with ``--history`` first (and one on PostgreSQL with ``--postgres``)."""
+    started: list[tuple[str, Child, Target]] = []
+    stores: list[tuple[str, str | None]] = [("through_history", None)]
+    if args.postgres:
+        stores.append(("through_postgres_history", engines.postgres_url(args, temp, "bench_history")))
+    args.history_filled = {}
+    for key, url in stores:
+        data = temp / f"data-{key}"
+        data.mkdir()
+        print(f"bench: writing the history of {key} ...", file=sys.stderr, flush=True)
+        args.history_filled[key] = await fill_history(
+            url, data, entries=args.history, executions=args.history_executions
+        )
+        extra = () if url is None else ("--store", url, "--generation", "bench-postgres-history")
+        child, target = start_bastion(
+            args, temp, config, token, key, f"bastion-{key.removeprefix('through_')}", data.name, *extra
+        )
+        _started(children, child)
+        started.append((key, child, target))
+    return started
+
+
+def render_history(results: dict[str, Any]) -> str:
+    """Each long-history bastion against the fresh one of its engine."""
+    lines = []
+    for engine, key in (("sqlite", "compared_history"), ("postgresql", "compared_postgres_history")):
+        if key in results:
+            r = results[key]
+            lines.append(
+                f"{engine}, long history vs a fresh store: throughput {r['throughput_ratio']:.3f}x, "
+                f"CPU per call {r['cpu_ratio']:.3f}x, p50 {r['added_p50_ms']:+.3f} ms (target: within 10%)"
+            )
+    return "\n".join(lines)
+
+
+def render_relay(results: dict[str, Any]) -> str:
+    """The nginx relay's figures, and Bastion's against them."""
+    relay, compared = results["through_nginx"]["headline"], results["compared_nginx"]
+    lines = [
+        f"nginx relay: {relay['calls_per_s']:.1f} calls/s ({compared['throughput_ratio']:.3f}x direct), "
+        f"p50 +{compared['added_p50_ms']:.3f} ms at concurrency 1, "
+        f"{relay['relay_cpu_per_call_us']:.1f} us CPU per call"
+    ]
+    versus = results.get("bastion_vs_nginx")
+    if versus:
+        lines.append(
+            f"bastion / nginx: throughput {versus['throughput_ratio']:.3f}x (target >= 0.95x), "
+            f"CPU per call {versus['cpu_ratio']:.2f}x (target <= 2x), p50 {versus['added_p50_ms']:+.3f} ms"
+        )
+    return "\n".join(lines)
 
 
 def audit_ratios(audit_on: dict[str, Any], audit_off: dict[str, Any]) -> dict[str, float]:
@@ -409,7 +521,7 @@ def start_bastion(
 ) -> tuple[Child, Target]:
     """``bastion serve`` on a free port with its own data dir under ``temp``, and its target."""
     data_dir = temp / data
-    data_dir.mkdir()
+    data_dir.mkdir(exist_ok=True)  # bench/history.py may have filled it
     child = Child.start(
         name,
         [
@@ -485,6 +597,12 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
         upstream, upstream_url = start_upstream(temp, args.start_timeout, json_response=args.upstream_json)
         children.append(upstream)
         direct_target = Target("direct", upstream_url, TOOL)
+        relay: Child | None = None
+        relay_target: Target | None = None
+        if args.nginx:
+            relay, relay_url = start_nginx_relay(temp, upstream_url, args.start_timeout)
+            children.append(relay)
+            relay_target = Target("nginx", relay_url, TOOL)
 
         through_target: Target | None = None
         bastion: Child | None = None
@@ -492,6 +610,7 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
         audit_off: Child | None = None
         postgres_target: Target | None = None
         on_postgres: Child | None = None
+        on_history: list[tuple[str, Child, Target]] = []
         if not args.direct_only:
             token = secrets.token_urlsafe(32)
             config = temp / "bastion.toml"
@@ -519,11 +638,15 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                     "--store", store_url, "--generation", "bench-postgres",
                 )  # fmt: skip
                 _started(children, on_postgres)
+            if args.history is not None:
+                on_history = await _history_bastions(args, temp, config, token, children)
 
         # Each phase watches the upstream and the one Bastion it goes through (as "bastion").
         plan: list[tuple[str, Target, dict[str, int]]] = [
             ("direct", direct_target, {"upstream": upstream.pid})
         ]
+        if relay_target is not None and relay is not None:
+            plan.append(("through nginx", relay_target, {"upstream": upstream.pid, "relay": relay.pid}))
         if through_target is not None and bastion is not None:
             plan.append(
                 ("through bastion", through_target, {"upstream": upstream.pid, "bastion": bastion.pid})
@@ -544,6 +667,8 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                     {"upstream": upstream.pid, "bastion": on_postgres.pid},
                 )
             )
+        for key, child, target in on_history:
+            plan.append((key.replace("_", " "), target, {"upstream": upstream.pid, "bastion": child.pid}))
         measured: list[list[Measured]] = [[] for _ in plan]
         for round_index in range(args.rounds):
             for (what, target, watched), into in zip(plan, measured, strict=True):
@@ -563,25 +688,33 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                 "direct_only": args.direct_only,
                 "audit_off_too": args.audit_off_too,
                 "execution_ids": args.execution_ids,
+                "nginx": args.nginx,
             },
             "environment": environment(),
             "upstream_ready_s": round(upstream.ready_after_s, 3),
             "direct": fold(measured[0]),
         }
+        at = 1  # the index in ``measured`` of the next target in ``plan``
+        if relay is not None:
+            results["through_nginx"] = fold(measured[at])
+            results["compared_nginx"] = ratios(results["direct"], results["through_nginx"])
+            at += 1
         if bastion is not None:
             results["bastion_ready_s"] = round(bastion.ready_after_s, 3)
-            results["through"] = fold(measured[1])
+            results["through"] = fold(measured[at])
             results["compared"] = ratios(results["direct"], results["through"])
+            if relay is not None:
+                results["bastion_vs_nginx"] = relay_ratios(results["through_nginx"], results["through"])
             audit: dict[str, float] | None = None
             if audit_off is not None:
                 results["bastion_audit_off_ready_s"] = round(audit_off.ready_after_s, 3)
-                results["through_audit_off"] = fold(measured[2])
+                results["through_audit_off"] = fold(measured[at + 1])
                 results["compared_audit_off"] = ratios(results["direct"], results["through_audit_off"])
                 audit = audit_ratios(results["through"], results["through_audit_off"])
                 results["compared_audit"] = audit
             if on_postgres is not None:
                 results["bastion_postgres_ready_s"] = round(on_postgres.ready_after_s, 3)
-                results["through_postgres"] = fold(measured[-1])
+                results["through_postgres"] = fold(measured[at + (2 if audit_off is not None else 1)])
                 results["compared_postgres"] = ratios(results["direct"], results["through_postgres"])
                 results["postgres_vs_sqlite"] = engines.engine_ratios(
                     results["through"], results["through_postgres"]
@@ -591,12 +724,26 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                     results["store_ops_per_call"] = await engines.store_ops_both(
                         args, temp, upstream_url, mode, engines.postgres_url(args, temp)
                     )
+            if on_history:
+                results["history"] = args.history_filled
+                for (key, _, _), rounds in zip(on_history, measured[-len(on_history) :], strict=True):
+                    results[key] = fold(rounds)
+                    fresh = results["through_postgres" if "postgres" in key else "through"]
+                    results[key.replace("through", "compared")] = history_ratios(fresh, results[key])
             results["targets"] = verdicts(
                 results["compared"], results["through"], bastion.ready_after_s, audit
             )
         errors = sum(
             results[key]["headline"]["errors"]
-            for key in ("direct", "through", "through_audit_off", "through_postgres")
+            for key in (
+                "direct",
+                "through_nginx",
+                "through",
+                "through_audit_off",
+                "through_postgres",
+                "through_history",
+                "through_postgres_history",
+            )
             if key in results
         )
         return results, (1 if errors else 0)
@@ -624,6 +771,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             logging.getLogger("asyncio").setLevel(logging.CRITICAL)
             print(f"bench: stopped by {stop}; what it started is stopped", file=sys.stderr)
             return 128 + stop.signum
+        except RelayUnavailable as missing:
+            print(f"bench: no nginx relay: {missing}", file=sys.stderr)
+            return 2
         except StartFailed as failure:
             print(f"bench: {failure}", file=sys.stderr)
             print_log_tails(temp)
@@ -636,6 +786,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2) + "\n")
         print(render_table(results, args))
+        if "through_nginx" in results:
+            print("\n" + render_relay(results))
+        if "history" in results:
+            print("\n" + render_history(results))
         if "through_postgres" in results:
             print("\n" + engines.render_engines(results))
         print(f"\nwrote {out}")

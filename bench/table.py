@@ -6,7 +6,12 @@ Runs, for each build (``--bastion-cmd``, default the venv's ``bastion``; with
 ``--compare``, that other build first at every step, then this one):
 
 1. ``run.py`` four times: the session era (``--mode legacy``) and the
-   sessionless era (``--mode modern``), each with execution ids on and off;
+   sessionless era (``--mode modern``), each with execution ids on and off,
+   each with Debian's nginx as a pure relay beside direct (``--nginx``,
+   installed when missing; ``--no-nginx`` skips it); the sessionless run
+   with execution ids also measures bastions on stores that hold a long
+   history first (``--history``: 1,000,000 entries, 100,000 executions;
+   SQLite, and PostgreSQL unless ``--no-postgres``);
    the two runs with execution ids on also measure a Bastion with its audit
    off (``--audit-off-too``) and one on PostgreSQL (``--postgres``, one
    replica, a throwaway durable cluster), unless ``--no-postgres`` or the
@@ -42,6 +47,7 @@ import targets
 from idle_sessions import describe as describe_idle
 from idle_sessions import measure_idle_sessions
 from procs import Terminated, raise_on_signals, run_to_end
+from relay import RelayUnavailable, find_nginx
 from soak import describe as describe_soak
 from soak import run_soak
 from tests.support.pg_cluster import PostgresUnavailable, find_bindir
@@ -60,6 +66,7 @@ FULL = {
     "soak_s": 600.0,
     "soak_sample_s": 10.0,
     "verify_entries": [100_000, 1_000_000],
+    "history_entries": 1_000_000,
 }
 QUICK = {
     **FULL,
@@ -70,6 +77,7 @@ QUICK = {
     "soak_s": 30.0,
     "soak_sample_s": 3.0,
     "verify_entries": [20_000, 200_000],
+    "history_entries": 100_000,
 }
 
 
@@ -91,6 +99,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--compare", metavar="CMD", help="also measure this build, shown as 'before'")
     parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL figures")
+    parser.add_argument("--no-nginx", action="store_true", help="skip the nginx relay (bench/relay.py)")
     parser.add_argument(
         "--out-dir", type=Path, help="where the JSON goes (default bench/results/<time>-table)"
     )
@@ -108,6 +117,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs="+",
         help="verify bundle sizes (100000 1000000; quick 20000 200000)",
     )
+    parser.add_argument(
+        "--history-entries",
+        type=int,
+        help="audit entries in the long-history stores, a tenth as many executions (1000000; quick 100000)",
+    )
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds per run.py run (1800)")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
@@ -124,7 +138,9 @@ def _postgres_available() -> bool:
     return True
 
 
-def run_bench(build: Build, name: str, args: argparse.Namespace, out: Path, postgres: bool) -> dict[str, Any]:
+def run_bench(
+    build: Build, name: str, args: argparse.Namespace, out: Path, postgres: bool, nginx: bool
+) -> dict[str, Any]:
     """One ``run.py`` run in its own process; its JSON, or ``{"error": ...}``."""
     mode, execution_ids, extras = targets.RUNS[name]
     argv = [
@@ -137,6 +153,10 @@ def run_bench(build: Build, name: str, args: argparse.Namespace, out: Path, post
         argv += ["--bastion-cmd", build.cmd]
     if execution_ids:
         argv.append("--execution-ids")
+    if nginx:
+        argv.append("--nginx")
+    if name == targets.HISTORY_RUN:
+        argv += ["--history", str(args.history_entries)]
     if extras:
         argv.append("--audit-off-too")
         if postgres:
@@ -172,6 +192,13 @@ def measure_all(builds: list[Build], args: argparse.Namespace, out_dir: Path) ->
     postgres = not args.no_postgres and _postgres_available()
     if not args.no_postgres and not postgres:
         print("PostgreSQL server programs not found: no PostgreSQL figures", file=sys.stderr)
+    nginx = False
+    if not args.no_nginx:
+        try:
+            find_nginx()  # installed here, once, when missing: not inside a timed run
+            nginx = True
+        except RelayUnavailable as missing:
+            print(f"no nginx relay figures: {missing}", file=sys.stderr)
     results: dict[str, dict[str, Any]] = {build.name: {"runs": {}} for build in builds}
     for build in builds:
         (out_dir / build.name).mkdir(parents=True, exist_ok=True)
@@ -185,7 +212,7 @@ def measure_all(builds: list[Build], args: argparse.Namespace, out_dir: Path) ->
         each(
             f"run.py {name}",
             lambda b, d, n=name: results[b.name]["runs"].__setitem__(
-                n, run_bench(b, n, args, d / f"run-{n}.json", postgres)
+                n, run_bench(b, n, args, d / f"run-{n}.json", postgres, nginx)
             ),
         )
     parts: list[tuple[str, str, Callable[[Build], dict[str, Any]], Callable[[dict[str, Any]], str]]] = [

@@ -26,6 +26,8 @@ RUNS: dict[str, tuple[str, bool, bool]] = {
     "modern": ("modern", False, False),
 }
 _ERA = {"legacy": "session era", "modern": "sessionless"}
+# The run that also measures bastions on stores filled with a long history first (run.py --history).
+HISTORY_RUN = "modern-ids"
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,61 @@ def _throughput(name: str) -> Callable[[dict[str, Any]], tuple[str, str, str]]:
             f"{ratio:.3f}x ({through['calls_per_s']:.0f} / {direct['calls_per_s']:.0f} calls/s)",
             f"through / direct, {through['errors']} + {direct['errors']} failed calls",
             _verdict(ratio >= 0.8, errors),
+        )
+
+    return figure
+
+
+def _relay(name: str) -> Callable[[dict[str, Any]], tuple[str, str, str]]:
+    def figure(results: dict[str, Any]) -> tuple[str, str, str]:
+        run = _run(results, name)
+        if "bastion_vs_nginx" not in run:
+            raise _Missing("no nginx relay measured (nginx missing, or --no-nginx)")
+        versus, relay = run["bastion_vs_nginx"], run["through_nginx"]["headline"]
+        through = run["through"]["headline"]
+        return (
+            f"{versus['throughput_ratio']:.3f}x "
+            f"({through['calls_per_s']:.0f} / {relay['calls_per_s']:.0f} calls/s)",
+            f"through / nginx relay; the relay is {run['compared_nginx']['throughput_ratio']:.3f}x direct"
+            f"{_errors_note(relay['errors'])}",
+            _verdict(versus["throughput_ratio"] >= 0.95, relay["errors"]),
+        )
+
+    return figure
+
+
+def _relay_cpu(name: str) -> Callable[[dict[str, Any]], tuple[str, str, str]]:
+    def figure(results: dict[str, Any]) -> tuple[str, str, str]:
+        run = _run(results, name)
+        if "bastion_vs_nginx" not in run:
+            raise _Missing("no nginx relay measured (nginx missing, or --no-nginx)")
+        versus = run["bastion_vs_nginx"]
+        cpu = run["through"]["headline"]["bastion_cpu_per_call_us"]
+        return (
+            f"{versus['cpu_ratio']:.2f}x ({cpu:.0f} / {versus['relay_cpu_per_call_us']:.0f} us)",
+            "utime+stime per call, bastion / nginx (master and worker) in the same run",
+            _verdict(versus["cpu_ratio"] <= 2.0),
+        )
+
+    return figure
+
+
+def _history(key: str, which: str) -> Callable[[dict[str, Any]], tuple[str, str, str]]:
+    def figure(results: dict[str, Any]) -> tuple[str, str, str]:
+        run = _run(results, HISTORY_RUN)
+        if key not in run:
+            raise _Missing(
+                "no long-history store measured" + (" (PostgreSQL unavailable?)" if "pg" in key else "")
+            )
+        ratio = run[key][f"{which}_ratio"]
+        filled = run["history"][key.replace("compared", "through")]
+        ok = ratio >= 0.9 if which == "throughput" else ratio <= 1.1
+        errors = run[key.replace("compared", "through")]["headline"]["errors"]
+        return (
+            f"{ratio:.3f}x",
+            f"long history / fresh store, same rounds; {filled['entries']:,} entries and "
+            f"{filled['executions']:,} executions written first{_errors_note(errors)}",
+            _verdict(ok, errors),
         )
 
     return figure
@@ -220,6 +277,9 @@ def _target_table() -> list[tuple[str, str, str, Callable[[dict[str, Any]], tupl
     for name, (mode, ids, _) in RUNS.items():
         label = f"throughput, {_ERA[mode]}, execution ids {'on' if ids else 'off'}"
         table.append((f"throughput-{name}", label, ">= 0.8x direct", _throughput(name)))
+    for name, (mode, ids, _) in RUNS.items():
+        label = f"throughput vs nginx relay, {_ERA[mode]}, execution ids {'on' if ids else 'off'}"
+        table.append((f"relay-{name}", label, ">= 0.95x nginx", _relay(name)))
     for name in ("legacy-ids", "modern-ids"):
         era = _ERA[RUNS[name][0]]
         table.append(
@@ -231,6 +291,9 @@ def _target_table() -> list[tuple[str, str, str, Callable[[dict[str, Any]], tupl
     for name in ("legacy-ids", "modern-ids"):
         era = _ERA[RUNS[name][0]]
         table.append((f"cpu-{name}", f"bastion CPU per call, {era}", "<= 300 us", _cpu(name)))
+        table.append(
+            (f"relay-cpu-{name}", f"bastion CPU per call vs nginx, {era}", "<= 2x nginx", _relay_cpu(name))
+        )
     for name in ("legacy-ids", "modern-ids"):
         era = _ERA[RUNS[name][0]]
         table.append(
@@ -243,6 +306,25 @@ def _target_table() -> list[tuple[str, str, str, Callable[[dict[str, Any]], tupl
         ("verify-memory", "bastion verify memory vs bundle size", "flat (<= +25%)", _verify_memory),
         ("ready", "start to ready", "<= 2 s", _ready),
     ]
+    history_era = _ERA[RUNS[HISTORY_RUN][0]]
+    for engine, key in (("SQLite", "compared_history"), ("PostgreSQL", "compared_postgres_history")):
+        slug = "history" if engine == "SQLite" else "pg-history"
+        table.append(
+            (
+                f"{slug}-throughput",
+                f"{engine}: throughput, long history vs fresh, {history_era}",
+                ">= 0.9x fresh",
+                _history(key, "throughput"),
+            )
+        )
+        table.append(
+            (
+                f"{slug}-cpu",
+                f"{engine}: CPU per call, long history vs fresh, {history_era}",
+                "<= 1.1x fresh",
+                _history(key, "cpu"),
+            )
+        )
     for name in ("legacy-ids", "modern-ids"):
         era = _ERA[RUNS[name][0]]
         table.append(

@@ -11,9 +11,7 @@ access log (whose ``upstream=`` field says which replica served a request).
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shutil
 import socket
 import sqlite3
 from collections import Counter
@@ -31,10 +29,10 @@ from bastion.auth.bearer import hash_token
 from tests.e2e.conftest import TOKENS
 from tests.e2e.issue4_support import auth_table, toml_dumps
 from tests.e2e.test_workers_e2e import REPO, GatewayProcess, _stop, gateway_process
+from tests.support.nginx import NGINX, main_config
 
 __all__ = ["NGINX", "Fleet", "replica_fleet", "write_fleet_config"]
 
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 DEPLOY_CONF = REPO / "deploy" / "nginx" / "bastion.conf"
 START_TIMEOUT_S = 30.0
 
@@ -114,20 +112,7 @@ def nginx_config(prefix: Path, replica_ports: list[int], listen_port: int) -> Pa
     assert site.count(f"127.0.0.1:{listen_port}") == 1, "the deploy file's listen line moved"
     (prefix / "logs").mkdir(parents=True, exist_ok=True)
     (prefix / "bastion.conf").write_text(site)
-    temp = "".join(
-        f"    {name}_temp_path {prefix / name};\n"
-        for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    main = (
-        f"daemon off;\n{user}worker_processes 1;\npid {prefix / 'nginx.pid'};\n"
-        f"error_log {prefix / 'logs' / 'error.log'} warn;\n"
-        "events { worker_connections 1024; }\n"
-        f"http {{\n{temp}    include {prefix / 'bastion.conf'};\n}}\n"
-    )
-    path = prefix / "nginx.conf"
-    path.write_text(main)
-    return path
+    return main_config(prefix, f"    include {prefix / 'bastion.conf'};\n")
 
 
 async def _until_listening(port: int, process: anyio.abc.Process, error_log: Path) -> None:
