@@ -1,17 +1,29 @@
-"""Structured logs: one JSON object per line on stderr.
+"""Structured logs: one JSON object per line on stderr, written off the event loop.
 
 Never log a credential: the formatter emits only the message, the level, the
 logger and the ``extra`` fields the code chose to attach.
+
+A log call never waits for stderr. Records go to a bounded queue and one
+thread writes them (:class:`_LineWriter`): a reader that stops reading (a full
+pipe, a stopped terminal, a slow log shipper) stalls that thread, never the
+gateway's event loop. When the queue is full, records are dropped and counted,
+and the writer says how many in one line as soon as it can write again; the
+queue is drained at exit.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
+import queue
 import sys
+import threading
 from datetime import UTC, datetime
+from typing import TextIO
 
-__all__ = ["configure_logging"]
+__all__ = ["configure_logging", "say"]
 
 # uvicorn's ``color_message`` (the message again, with ANSI colour codes) is for terminals only.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
@@ -34,13 +46,112 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value if isinstance(value, str | int | float | bool | type(None)) else str(value)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exc"] = record.exc_text
         return json.dumps(entry, ensure_ascii=False)
 
 
+_QUEUE_RECORDS = 10_000
+_STOP = None  # the sentinel that ends the writer thread
+
+
+class _LineWriter(logging.Handler):
+    """Formats on the caller's thread, writes on its own: a blocked stream never blocks a log call."""
+
+    def __init__(self, stream: TextIO, *, capacity: int = _QUEUE_RECORDS) -> None:
+        super().__init__()
+        self._stream = stream
+        self._lines: queue.Queue[str | threading.Event | None] = queue.Queue(maxsize=capacity)
+        self._dropped = 0
+        self._dropped_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._write_lines, name="bastion-log-writer", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        try:
+            self._lines.put_nowait(line)
+        except queue.Full:
+            with self._dropped_lock:
+                self._dropped += 1
+
+    def _take_dropped(self) -> int:
+        with self._dropped_lock:
+            dropped, self._dropped = self._dropped, 0
+        return dropped
+
+    def flush(self, timeout_s: float = 5.0) -> None:
+        """Wait (at most ``timeout_s``) until every line queued so far is written."""
+        if not self._thread.is_alive():
+            return
+        written = threading.Event()
+        try:
+            self._lines.put(written, timeout=timeout_s)
+        except queue.Full:
+            return
+        written.wait(timeout=timeout_s)
+
+    def _write_lines(self) -> None:
+        while (line := self._lines.get()) is not _STOP:
+            if isinstance(line, threading.Event):
+                line.set()
+                continue
+            dropped = self._take_dropped()
+            if dropped:
+                self._write(_dropped_line(dropped))
+            self._write(line)
+
+    def _write(self, line: str) -> None:
+        try:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass  # stderr is gone (closed pipe): nothing left to tell
+
+    def close(self) -> None:
+        """Write what is queued (bounded: a stream that never drains is given up after 5 s)."""
+        if self._thread.is_alive():
+            with contextlib.suppress(queue.Full):
+                self._lines.put(_STOP, timeout=5.0)
+            self._thread.join(timeout=5.0)
+        dropped = self._take_dropped()
+        if dropped and not self._thread.is_alive():
+            self._write(_dropped_line(dropped))
+        super().close()
+
+
+def _dropped_line(count: int) -> str:
+    return json.dumps(
+        {
+            "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "level": "warning",
+            "logger": __name__,
+            "msg": f"{count} log lines dropped: stderr was not read fast enough",
+            "dropped": count,
+        }
+    )
+
+
+def say(text: str) -> None:
+    """Print ``text`` on stderr after every log line queued before it (a refusal's one line is last)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, _LineWriter):
+            handler.flush()
+    print(text, file=sys.stderr, flush=True)
+
+
 def configure_logging(level: str = "info") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _LineWriter(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    atexit.register(handler.close)
     root = logging.getLogger()
+    for old in root.handlers:
+        if isinstance(old, _LineWriter):
+            old.close()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "uvicorn.access"):

@@ -30,7 +30,7 @@ from bastion.cli.listen_address import listen_address_refusal
 from bastion.errors import ConfigError
 from bastion.gateway import RuntimeOptions
 from bastion.heap import settle_after_start
-from bastion.logs import configure_logging
+from bastion.logs import configure_logging, say
 from bastion.policy.load import load_snapshot, snapshot_from_mapping
 from bastion.policy.snapshot import Snapshot
 from bastion.store.select import choose_store_url, describe_store
@@ -79,7 +79,7 @@ def run_serve(
     configure_logging(log_level)
     refusal = listen_address_refusal(host, port)
     if refusal is not None:
-        print(f"bastion: {refusal}", file=sys.stderr)
+        say(f"bastion: {refusal}")
         return EXIT_START_REFUSED
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     demo_upstream: subprocess.Popen[str] | None = None
@@ -95,7 +95,7 @@ def run_serve(
             snapshot = _demo_snapshot(data_dir, tools_url, hash_token(token), hash_token(admin_token))
             token_note = data_dir / DEMO_TOKEN_FILE
     except ConfigError as exc:
-        print(f"bastion: {exc.message}", file=sys.stderr)
+        say(f"bastion: {exc.message}")
         _stop(demo_upstream)
         return 2
     signal.signal(signal.SIGTERM, _TERMINATION)
@@ -103,13 +103,13 @@ def run_serve(
     try:
         store_url = choose_store_url(store, os.environ, snapshot.store_url)
     except ConfigError as exc:
-        print(f"bastion: {exc.message}", file=sys.stderr)
+        say(f"bastion: {exc.message}")
         _stop(demo_upstream)
         return 2
     logger.info("store", extra={"store": describe_store(store_url, data_dir)})
     if not is_loopback(host) and not snapshot.gateway.allowed_hosts:
         # DNS-rebinding protection has no safe default off loopback: the operator names the hosts.
-        print(f"bastion: --host {host} is not loopback; set gateway.allowed_hosts", file=sys.stderr)
+        say(f"bastion: --host {host} is not loopback; set gateway.allowed_hosts")
         _stop(demo_upstream)
         return 2
     try:
@@ -133,10 +133,10 @@ def run_serve(
     finally:
         _stop(demo_upstream)
     if outcome.refusal is not None:
-        print(f"bastion: {outcome.refusal}", file=sys.stderr)
+        say(f"bastion: {outcome.refusal}")
         return EXIT_START_REFUSED
     if outcome.superseded:
-        print("bastion: this worker was superseded by a newer epoch; it stopped", file=sys.stderr)
+        say("bastion: this worker was superseded by a newer epoch; it stopped")
         return EXIT_SUPERSEDED
     return 0
 
