@@ -92,8 +92,8 @@ def test_the_graph_sees_the_edges_it_must() -> None:
     assert "bastion.workers.membership" in graph["bastion.workers.takeover"]
     # Under ``if TYPE_CHECKING:``, inside a function body, and a package's ``__init__``.
     assert "bastion.gateway" in graph["bastion.gateway_metrics"]
-    assert "bastion.workers.takeover" in graph["bastion.gateway"]
-    assert "bastion" in graph["bastion.upstream.streamable_http"]
+    assert "bastion.workers.takeover" in graph["bastion.replica.peers"]
+    assert "bastion" in graph["bastion.upstream.http_exchange"]
 
 
 def test_find_cycle_reports_a_circle_and_accepts_a_dag() -> None:

@@ -7,25 +7,31 @@ into a frozen :class:`~bastion.policy.snapshot.Snapshot`, or raises
 defect. It refuses every unknown key, because a typo must never silently
 weaken policy (DESIGN section 9). It must never print or embed in an error the
 value of a setting or of an environment variable: values may be credentials.
+
+The flat tables (``[gateway]``, ``[store]``, ``[auth]``, ``[auth.oauth]``) are typed
+models (``policy/tables.py``: types, unknown and missing keys, each error at its key
+path); their meaning and every other table are checked here. ``policy/load_context.py``
+holds what both share: the file errors name, key paths, type names, ``${NAME}``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from bastion.auth.oauth import ClaimRules, OAuthSettings
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
 from bastion.policy.grants import Grant, Rate, Subject, SubjectKind, check_arguments_schema
+from bastion.policy.load_context import LoadContext as _Context
+from bastion.policy.load_context import key_path as _key_path
+from bastion.policy.load_context import type_name as _type_name
 from bastion.policy.snapshot import (
     MIN_MAX_RESPONSE_BYTES,
     AgentSpec,
@@ -36,75 +42,20 @@ from bastion.policy.snapshot import (
     Snapshot,
     UpstreamKind,
 )
+from bastion.policy.tables import AuthTable, GatewayTable, StoreTable, read_table
 from bastion.store.dsn import is_postgres_url
 from bastion.workers.attachment import NamespaceRequirement, NamespaceRequirements
 
 __all__ = ["load_snapshot", "snapshot_from_mapping"]
 
 _SERVER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,32}$")
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 # RFC 9110 token: the characters a header field name may use.
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _ENV_NAME = re.compile(r"^[^=\x00]+$")
-# One pass over the text: ``$$``, ``${NAME}``, or a ``$`` that is neither.
-_DOLLAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 _TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants", "auth", "requirements", "store"})
-_STORE_KEYS = frozenset({"url"})
 _REQUIREMENT_KEYS = frozenset({"agent", "team", "namespaces"})
-_AUTH_KEYS = frozenset(
-    {
-        "resource_url",
-        "admin_token_sha256",
-        "auditor_token_sha256",
-        "oauth",
-        "mtls_fingerprint_header",
-        "mtls_trusted_proxies",
-    }
-)
-_OAUTH_KEYS = frozenset(
-    {
-        "issuer",
-        "jwks_url",
-        "audience",
-        "algorithms",
-        "leeway_s",
-        "agent_claims",
-        "agent_prefix",
-        "human_claims",
-        "team_claim",
-        "scope_claims",
-        "agent_session_claim",
-    }
-)
-_GATEWAY_KEYS = frozenset(
-    {
-        "tool_separator",
-        "max_body_bytes",
-        "allowed_origins",
-        "allowed_hosts",
-        "transport_session_idle_s",
-        "upstream_timeout_s",
-        "max_transport_sessions",
-        "max_transport_sessions_per_agent",
-        "sse_replay_events",
-        "sse_replay_bytes",
-        "sse_replay_streams",
-        "max_header_bytes",
-        "max_headers",
-        "header_timeout_s",
-        "body_timeout_s",
-        "keep_alive_s",
-        "max_connections_per_address",
-        "max_unauthenticated_connections_per_address",
-        "max_requests_per_agent",
-        "metrics_agents",
-        "access_log",
-        "max_stdio_processes",
-        "stdio_spawn_concurrency",
-    }
-)
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "scope", "max_processes", "process_idle_s"})
 _SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s", "transparent", "audit_contents"}
@@ -123,8 +74,6 @@ _GRANT_KEYS = _SUBJECT_KEYS | {
     "rate",
 }
 _GRANT_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
-
-_T = TypeVar("_T")
 
 
 def load_snapshot(path: Path, *, environ: Mapping[str, str] | None = None) -> Snapshot:
@@ -227,68 +176,39 @@ def _read_requirements(ctx: _Context, value: Any, servers: Mapping[str, ServerSp
 def _read_auth(ctx: _Context, value: Any) -> AuthSettings:
     if value is None:
         return ctx.build(AuthSettings)
-    table = ctx.table(value, "auth")
-    ctx.refuse_unknown(table, _AUTH_KEYS, "auth")
-    resource_url = ctx.string(table["resource_url"], "auth.resource_url") if "resource_url" in table else None
+    table = read_table(ctx, AuthTable, value, "auth")
+    resource_url = table.resource_url
     if resource_url is not None:
         _check_url(ctx, resource_url, "auth.resource_url")
-    admin = (
-        ctx.string(table["admin_token_sha256"], "auth.admin_token_sha256")
-        if "admin_token_sha256" in table
-        else None
-    )
-    auditors = (
-        ctx.string_list(table["auditor_token_sha256"], "auth.auditor_token_sha256")
-        if "auditor_token_sha256" in table
-        else []
-    )
     oauth = None
-    if "oauth" in table:
-        oauth_table = ctx.table(table["oauth"], "auth.oauth")
-        ctx.refuse_unknown(oauth_table, _OAUTH_KEYS, "auth.oauth")
-        for required in ("issuer", "jwks_url"):
-            if required not in oauth_table:
-                raise ctx.error(f"auth.oauth.{required}", "missing key")
+    if table.oauth is not None:
+        oauth_table = table.oauth.given()
         claims: dict[str, Any] = {}
         for key in ("agent_claims", "human_claims", "scope_claims"):
             if key in oauth_table:
-                claims[key] = tuple(ctx.string_list(oauth_table[key], f"auth.oauth.{key}"))
+                claims[key] = tuple(oauth_table[key])
         for key in ("agent_prefix", "team_claim", "agent_session_claim"):
             if key in oauth_table:
-                claims[key] = ctx.string(oauth_table[key], f"auth.oauth.{key}")
+                claims[key] = oauth_table[key]
         settings: dict[str, Any] = {
-            "issuer": ctx.string(oauth_table["issuer"], "auth.oauth.issuer"),
-            "jwks_url": ctx.string(oauth_table["jwks_url"], "auth.oauth.jwks_url"),
-            "audience": ctx.string(oauth_table["audience"], "auth.oauth.audience")
-            if "audience" in oauth_table
-            else (resource_url or ""),
+            "issuer": table.oauth.issuer,
+            "jwks_url": table.oauth.jwks_url,
+            "audience": oauth_table.get("audience", resource_url or ""),
             "claims": ctx.build(ClaimRules, **claims),
         }
         if "algorithms" in oauth_table:
-            settings["algorithms"] = tuple(
-                ctx.string_list(oauth_table["algorithms"], "auth.oauth.algorithms")
-            )
+            settings["algorithms"] = tuple(oauth_table["algorithms"])
         if "leeway_s" in oauth_table:
-            settings["leeway_s"] = ctx.number(oauth_table["leeway_s"], "auth.oauth.leeway_s")
+            settings["leeway_s"] = oauth_table["leeway_s"]
         oauth = ctx.build(OAuthSettings, **settings)
-    mtls_header = (
-        ctx.string(table["mtls_fingerprint_header"], "auth.mtls_fingerprint_header")
-        if "mtls_fingerprint_header" in table
-        else None
-    )
-    proxies = (
-        ctx.string_list(table["mtls_trusted_proxies"], "auth.mtls_trusted_proxies")
-        if "mtls_trusted_proxies" in table
-        else []
-    )
     return ctx.build(
         AuthSettings,
         resource_url=resource_url,
-        admin_token_sha256=admin,
-        auditor_token_sha256=tuple(auditors),
+        admin_token_sha256=table.admin_token_sha256,
+        auditor_token_sha256=tuple(table.auditor_token_sha256 or ()),
         oauth=oauth,
-        mtls_fingerprint_header=mtls_header,
-        mtls_trusted_proxies=tuple(proxies),
+        mtls_fingerprint_header=table.mtls_fingerprint_header,
+        mtls_trusted_proxies=tuple(table.mtls_trusted_proxies or ()),
     )
 
 
@@ -296,11 +216,10 @@ def _read_store(ctx: _Context, value: Any) -> str | None:
     """``[store] url``: where the state lives (``${NAME}`` allowed, for a password); read at start only."""
     if value is None:
         return None
-    table = ctx.table(value, "store")
-    ctx.refuse_unknown(table, _STORE_KEYS, "store")
-    if "url" not in table:
+    table = read_table(ctx, StoreTable, value, "store")
+    if table.url is None:
         return None
-    url = ctx.interpolate(ctx.string(table["url"], "store.url"), "store.url")
+    url = ctx.interpolate(table.url, "store.url")
     if not is_postgres_url(url):
         raise ctx.error("store.url", "expected a postgresql:// URL (omit [store] for the SQLite file)")
     return url
@@ -309,59 +228,23 @@ def _read_store(ctx: _Context, value: Any) -> str | None:
 def _read_gateway(ctx: _Context, value: Any) -> GatewaySettings:
     if value is None:
         return ctx.build(GatewaySettings)
-    table = ctx.table(value, "gateway")
-    ctx.refuse_unknown(table, _GATEWAY_KEYS, "gateway")
-    kwargs: dict[str, Any] = {}
-    if "tool_separator" in table:
-        kwargs["tool_separator"] = ctx.string(table["tool_separator"], "gateway.tool_separator")
-    for key in (
-        "max_body_bytes",
-        "max_transport_sessions",
-        "max_transport_sessions_per_agent",
-        "sse_replay_events",
-        "sse_replay_bytes",
-        "sse_replay_streams",
-        "max_header_bytes",
-        "max_headers",
-        "max_unauthenticated_connections_per_address",
-        "max_requests_per_agent",
-        "metrics_agents",
-        "max_stdio_processes",
-        "stdio_spawn_concurrency",
-    ):
-        if key in table:
-            kwargs[key] = ctx.integer(table[key], f"gateway.{key}")
-    if "access_log" in table:
-        kwargs["access_log"] = ctx.boolean(table["access_log"], "gateway.access_log")
-    if "max_connections_per_address" in table:
+    kwargs = read_table(ctx, GatewayTable, value, "gateway").given()
+    if "max_connections_per_address" in kwargs:
         # Its former name (issue #22): it only ever bounded what a peer holds before a credential.
-        if "max_unauthenticated_connections_per_address" in table:
+        if "max_unauthenticated_connections_per_address" in kwargs:
             raise ctx.error(
                 "gateway.max_connections_per_address",
                 "is the former name of max_unauthenticated_connections_per_address: give one",
             )
-        kwargs["max_unauthenticated_connections_per_address"] = ctx.integer(
-            table["max_connections_per_address"], "gateway.max_connections_per_address"
-        )
-    for key in (
-        "transport_session_idle_s",
-        "upstream_timeout_s",
-        "header_timeout_s",
-        "body_timeout_s",
-        "keep_alive_s",
-    ):
-        if key in table:
-            kwargs[key] = ctx.number(table[key], f"gateway.{key}")
-    if "allowed_origins" in table:
-        origins = ctx.string_list(table["allowed_origins"], "gateway.allowed_origins")
-        for index, origin in enumerate(origins):
+        kwargs["max_unauthenticated_connections_per_address"] = kwargs.pop("max_connections_per_address")
+    if "allowed_origins" in kwargs:
+        for index, origin in enumerate(kwargs["allowed_origins"]):
             _check_origin(ctx, origin, f"gateway.allowed_origins[{index}]")
-        kwargs["allowed_origins"] = tuple(origins)
-    if "allowed_hosts" in table:
-        hosts = ctx.string_list(table["allowed_hosts"], "gateway.allowed_hosts")
-        for index, host in enumerate(hosts):
+        kwargs["allowed_origins"] = tuple(kwargs["allowed_origins"])
+    if "allowed_hosts" in kwargs:
+        for index, host in enumerate(kwargs["allowed_hosts"]):
             _check_host(ctx, host, f"gateway.allowed_hosts[{index}]")
-        kwargs["allowed_hosts"] = tuple(hosts)
+        kwargs["allowed_hosts"] = tuple(kwargs["allowed_hosts"])
     return ctx.build(GatewaySettings, **kwargs)
 
 
@@ -693,109 +576,3 @@ def _check_origin(ctx: _Context, origin: str, key: str) -> None:
         raise ctx.error(key, "an origin must look like http(s)://host[:port]")
     if parts.path or parts.query or parts.fragment or parts.username or parts.password:
         raise ctx.error(key, "an origin has no path, query, fragment or user (no trailing '/')")
-
-
-# ---------------------------------------------------------------- plumbing
-
-
-def _key_path(parent: str, key: str) -> str:
-    part = key if _BARE_KEY.match(key) else '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return f"{parent}.{part}" if parent else part
-
-
-def _type_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a float"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list | tuple):
-        return "an array"
-    if isinstance(value, Mapping):
-        return "a table"
-    return f"a {type(value).__name__}"
-
-
-@dataclass(frozen=True)
-class _Context:
-    """Where errors point (the file) and where ``${NAME}`` is looked up."""
-
-    source: Path | None
-    environ: Mapping[str, str]
-
-    def error(self, key: str, defect: str) -> ConfigError:
-        where = f"{key}: {defect}" if key else defect
-        prefix = f"{self.source}: " if self.source is not None else ""
-        return ConfigError(f"{prefix}{where}", key=key)
-
-    def build(self, factory: Callable[..., _T], **kwargs: Any) -> _T:
-        """Call a snapshot constructor, prefixing the file name to its ConfigError."""
-        try:
-            return factory(**kwargs)
-        except ConfigError as exc:
-            prefix = f"{self.source}: " if self.source is not None else ""
-            raise ConfigError(f"{prefix}{exc.message}", **exc.data) from None
-
-    def refuse_unknown(self, table: Mapping[str, Any], allowed: frozenset[str], key: str) -> None:
-        for name in table:
-            if name not in allowed:
-                expected = ", ".join(sorted(allowed))
-                raise self.error(_key_path(key, name), f"unknown key (expected one of: {expected})")
-
-    def table(self, value: Any, key: str) -> Mapping[str, Any]:
-        if not isinstance(value, Mapping):
-            raise self.error(key, f"expected a table, got {_type_name(value)}")
-        for name in value:
-            if not isinstance(name, str):
-                raise self.error(key, f"expected string keys, got {_type_name(name)}")
-        return value
-
-    def string(self, value: Any, key: str) -> str:
-        if not isinstance(value, str):
-            raise self.error(key, f"expected a string, got {_type_name(value)}")
-        return value
-
-    def string_list(self, value: Any, key: str) -> list[str]:
-        if not isinstance(value, list | tuple):
-            raise self.error(key, f"expected an array of strings, got {_type_name(value)}")
-        return [self.string(item, f"{key}[{index}]") for index, item in enumerate(value)]
-
-    def boolean(self, value: Any, key: str) -> bool:
-        if not isinstance(value, bool):
-            raise self.error(key, f"expected a boolean, got {_type_name(value)}")
-        return value
-
-    def integer(self, value: Any, key: str) -> int:
-        # bool is a subclass of int: ``max_body_bytes = true`` must not read as 1.
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, f"expected an integer, got {_type_name(value)}")
-        return value
-
-    def number(self, value: Any, key: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.error(key, f"expected a number, got {_type_name(value)}")
-        # TOML allows inf and nan; nan compares false with everything and would pass "> 0".
-        if not math.isfinite(value):
-            raise self.error(key, "expected a finite number, got inf or nan")
-        return float(value)
-
-    def interpolate(self, text: str, key: str) -> str:
-        """Replace ``${NAME}`` from the environment and ``$$`` with ``$``, in one pass."""
-
-        def substitute(match: re.Match[str]) -> str:
-            if match.group(0) == "$$":
-                return "$"
-            name = match.group(1)
-            if name is None:
-                raise self.error(key, "a '$' must start ${NAME} or be doubled as '$$'")
-            if name not in self.environ:
-                raise self.error(key, f"environment variable {name} is not set")
-            resolved = self.environ[name]
-            if not resolved:
-                raise self.error(key, f"environment variable {name} is empty")
-            return resolved
-
-        return _DOLLAR.sub(substitute, text)
