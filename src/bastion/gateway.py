@@ -745,6 +745,7 @@ class Gateway:
             close_locally=self.close_transport_session,
             reload_policy=self.follow_policy_reload,
             policy_version=lambda: self.policy.current.version,
+            approval_decided=self.call_path.step_up.wake if self.call_path is not None else None,
         )
         follower = self.follower
         feed = self.feed

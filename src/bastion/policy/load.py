@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from bastion.auth.oauth import ClaimRules, OAuthSettings
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
+from bastion.policy.approval_rules import read_approval_rule, read_approvers
 from bastion.policy.grants import Grant, Rate, Subject, SubjectKind, check_arguments_schema
 from bastion.policy.snapshot import (
     MIN_MAX_RESPONSE_BYTES,
@@ -61,6 +62,7 @@ _AUTH_KEYS = frozenset(
         "oauth",
         "mtls_fingerprint_header",
         "mtls_trusted_proxies",
+        "approvers",
     }
 )
 _OAUTH_KEYS = frozenset(
@@ -121,6 +123,7 @@ _GRANT_KEYS = _SUBJECT_KEYS | {
     "arguments_schema",
     "require_execution_id",
     "rate",
+    "approval",
 }
 _GRANT_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 
@@ -281,8 +284,12 @@ def _read_auth(ctx: _Context, value: Any) -> AuthSettings:
         if "mtls_trusted_proxies" in table
         else []
     )
+    approvers = (
+        read_approvers(table["approvers"], "auth.approvers", ctx.error) if "approvers" in table else {}
+    )
     return ctx.build(
         AuthSettings,
+        approvers=approvers,
         resource_url=resource_url,
         admin_token_sha256=admin,
         auditor_token_sha256=tuple(auditors),
@@ -641,8 +648,12 @@ def _read_grant(
             if exc.data.get("key"):
                 raise
             raise ctx.error(f"{key}.rate", exc.message) from None
+    approval = (
+        read_approval_rule(table["approval"], f"{key}.approval", ctx.error) if "approval" in table else None
+    )
     return ctx.build(
         Grant,
+        approval=approval,
         name=name,
         subject=Subject(kind, subject_name),
         tools=tuple(tools),

@@ -53,7 +53,7 @@ class NewApproval:
     binding: str
     execution_id: ExecutionId | None
     call_id: CallId
-    evidence_session_id: EvidenceSessionId
+    evidence_session_id: EvidenceSessionId | None  # the call's chain when it asked, if open
     grant: str
     approvers: tuple[str, ...]
     arguments: Mapping[str, Any] | None
@@ -80,7 +80,7 @@ class ApprovalRecord:
     binding: str
     execution_id: ExecutionId | None
     call_id: CallId
-    evidence_session_id: EvidenceSessionId
+    evidence_session_id: EvidenceSessionId | None  # the call's chain when it asked, if open
     grant: str
     approvers: tuple[str, ...]
     arguments: Mapping[str, Any] | None

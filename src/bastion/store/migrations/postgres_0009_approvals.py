@@ -19,7 +19,7 @@ STATEMENTS: tuple[str, ...] = (
         binding             TEXT COLLATE "C" NOT NULL,
         execution_id        TEXT COLLATE "C",
         call_id             TEXT COLLATE "C" NOT NULL,
-        evidence_session_id TEXT COLLATE "C" NOT NULL,
+        evidence_session_id TEXT COLLATE "C",
         grant_name          TEXT COLLATE "C" NOT NULL,
         approvers           TEXT NOT NULL,
         arguments           TEXT,

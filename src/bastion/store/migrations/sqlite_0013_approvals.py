@@ -25,7 +25,7 @@ STATEMENTS: tuple[str, ...] = (
         binding             TEXT NOT NULL,
         execution_id        TEXT,
         call_id             TEXT NOT NULL,
-        evidence_session_id TEXT NOT NULL,
+        evidence_session_id TEXT,
         grant_name          TEXT NOT NULL,
         approvers           TEXT NOT NULL,
         arguments           TEXT,

@@ -8,6 +8,7 @@ from typing import Any
 
 from bastion.ids import AgentId, CallId, EvidenceSessionId, ExecutionId
 from bastion.store.approvals import ApprovalRecord, ApprovalState, NewApproval
+from bastion.store.replicas import ChangeKind
 from bastion.store.rows import from_us
 from bastion.store.statements import Op, count, execute, one, rows
 
@@ -23,7 +24,8 @@ def approval_from_row(row: tuple[Any, ...]) -> ApprovalRecord:
     arguments = None if row[12] is None else json.loads(row[12])
     return ApprovalRecord(
         row[0], AgentId(row[1]), row[2], row[3], row[4], row[5], row[6],
-        None if row[7] is None else ExecutionId(row[7]), CallId(row[8]), EvidenceSessionId(row[9]),
+        None if row[7] is None else ExecutionId(row[7]), CallId(row[8]),
+        None if row[9] is None else EvidenceSessionId(row[9]),
         row[10], tuple(json.loads(row[11])), arguments, ApprovalState(row[13]),
         from_us(row[14]), from_us(row[15]), None if row[16] is None else from_us(row[16]), row[17], row[18],
     )  # fmt: skip
@@ -86,6 +88,13 @@ def decide_approval(
         " WHERE approval_id = ? AND state = ? AND (? = 0 OR expires_at > ?)",
         state.value, now_us, by, note, approval_id, ApprovalState.PENDING.value, int(by_approver), now_us,
     )  # fmt: skip
+    if changed:
+        # In the same transaction: every replica's change feed (PostgreSQL: LISTEN) hears of it,
+        # so the replica holding the waiting call learns the decision without waiting for a poll.
+        yield from execute(
+            "INSERT INTO changes (kind, subject, detail, origin, at) VALUES (?, ?, ?, ?, ?)",
+            ChangeKind.APPROVAL_DECIDED.value, approval_id, None, None, now_us,
+        )  # fmt: skip
     row = yield from one(SELECT_APPROVAL + " WHERE approval_id = ?", approval_id)
     if row is None:
         return None
