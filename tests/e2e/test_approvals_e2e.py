@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import io
 import json
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -39,11 +40,13 @@ from tests.e2e.issue4_support import (
     bearer,
     call,
     export_entries,
+    mcp_headers,
     open_session,
     reason_of,
     sdk_client,
     static_token,
     toml_dumps,
+    tool_call,
 )
 from tests.e2e.test_workers_e2e import GatewayProcess, gateway_process
 
@@ -77,13 +80,14 @@ def approval_config(tmp_path: Path, tools_url: str, *, store: str | None = None)
 
 @contextlib.asynccontextmanager
 async def serving(
-    tmp_path: Path, tools: Upstream, *extra: str, name: str = "a"
+    tmp_path: Path, tools: Upstream, *extra: str, name: str = "a", data: str | None = None
 ) -> AsyncIterator[GatewayProcess]:
     config = tmp_path / "gateway.toml"
     if not config.exists():
         approval_config(tmp_path, tools.url)
+    data_dir = tmp_path / f"data-{data or name}"
     async with gateway_process(
-        config, tmp_path / f"data-{name}", f"gateway-{name}", tmp_path / f"{name}.log", *extra
+        config, data_dir, f"gateway-{name}", tmp_path / f"{name}.log", *extra
     ) as running:
         yield running
 
@@ -333,3 +337,57 @@ async def test_two_replicas_the_call_waits_at_one_and_is_approved_at_the_other(
     assert result is not None and result.is_error is False
     assert counter_value(tools_upstream.counter_file) == before + 1
     assert json.loads(json.dumps(result.meta))["io.bastion/receipt"]["call_id"] == request["call_id"]
+
+
+async def test_a_killed_replica_s_waiting_call_is_retried_and_runs_once(
+    tmp_path: Path, tools_upstream: Upstream
+) -> None:
+    """kill -9 of the replica holding a waiting call: nothing was sent; the retry of the same execution
+    at the next replica waits on the same request, is approved there and runs once; then it is a replay."""
+    token = static_token("alice")
+    before = counter_value(tools_upstream.counter_file)
+    async with httpx.AsyncClient(timeout=WAIT_S) as http:
+        async with serving(tmp_path, tools_upstream, name="a", data="shared") as a:
+            session_a = await open_session(http, a.url, token)
+            with anyio.fail_after(WAIT_S):
+                async with anyio.create_task_group() as tg:
+
+                    async def doomed() -> None:
+                        with contextlib.suppress(httpx.HTTPError):
+                            await call(
+                                http, a.url, token, session_a, "tools__increment", {}, execution_id="exec-k"
+                            )
+
+                    tg.start_soon(doomed)
+                    request = await pending_request(http, a.origin, "increment")
+                    a.signal(signal.SIGKILL)
+                    await a.process.wait()
+        assert counter_value(tools_upstream.counter_file) == before  # nothing was sent
+        async with serving(tmp_path, tools_upstream, name="b", data="shared") as b:
+            session_b = await open_session(http, b.url, token)
+            retried: dict[str, Any] = {}
+            message = tool_call("tools__increment", {}, execution_id="exec-k", progress_token="p1")
+            with anyio.fail_after(WAIT_S):
+                async with http.stream(
+                    "POST", b.url, headers=mcp_headers(token, session_b), json=message
+                ) as sent:
+                    async for line in sent.aiter_lines():
+                        if not line.startswith("data:") or not line[5:].strip():
+                            continue
+                        frame = json.loads(line[5:])
+                        if frame.get("method") == "notifications/progress" and not retried:
+                            # The retry waits on the first attempt's request: approve it now, at b.
+                            retried["waiting"] = frame["params"]["message"]
+                            approved = await decide(http, b.origin, request["approval_id"], "approve")
+                            assert approved.status_code == 200
+                        elif frame.get("id") == 1:
+                            retried.update(frame)
+                            break
+            assert request["approval_id"] in retried["waiting"]
+            assert "result" in retried, retried
+            assert counter_value(tools_upstream.counter_file) == before + 1
+            again = answer_of(
+                await call(http, b.url, token, session_b, "tools__increment", {}, execution_id="exec-k")
+            )
+            assert reason_of(again) == "execution_replay"
+            assert counter_value(tools_upstream.counter_file) == before + 1

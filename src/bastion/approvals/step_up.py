@@ -44,7 +44,6 @@ from bastion.errors import (
     ApprovalDenied,
     ApprovalMismatch,
     ApprovalTimeout,
-    ExecutionInFlight,
 )
 from bastion.ids import AgentId, CallId, EvidenceSessionId, ExecutionId
 from bastion.policy.approval_rules import ApprovalRule
@@ -124,8 +123,8 @@ class StepUp:
 
         Raises:
             ApprovalDenied, ApprovalTimeout, ApprovalMismatch: the call must not run.
-            ExecutionInFlight: another attempt of this execution is waiting for its approval.
-            ApprovalCancelled is never raised to a caller: a cancelled wait re-raises the cancellation.
+            ApprovalCancelled: a joined attempt whose request was cancelled by the attempt that
+                asked (a cancelled wait of its own re-raises the cancellation instead).
             StoreError: the request could not be recorded or read (nothing was sent).
         """
         # (1) Ask.
@@ -153,24 +152,29 @@ class StepUp:
         approval_id = record_ask.approval_id
         if not created:
             self._earlier_request(record_ask, ask)
-            return  # approved earlier for this very binding and execution: admission decides
+            if not record_ask.pending:
+                return  # approved earlier for this very binding and execution: admission decides
         await record(
             AuditEvent.APPROVAL_REQUESTED,
             detail={
                 "approval_id": approval_id,
                 "grant": ask.grant,
-                "approvers": list(ask.rule.approvers),
+                "approvers": list(record_ask.approvers),
                 "timeout_s": ask.rule.timeout_s,
-                "arguments_shown": ask.rule.show_arguments,
+                "arguments_shown": record_ask.arguments is not None,
                 "expires_at": _iso(record_ask.expires_at),
+                # A retry of an execution whose request still waits (its first attempt's replica
+                # may be gone) waits on that request instead of asking again.
+                "joined": not created,
             },
         )
         # (2) Wait.
         try:
             decided = await self._wait(record_ask, ask, notify)
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-                await self._give_up(approval_id, ApprovalState.CANCELLED, ask, record)
+            if created:  # a joined attempt leaves the request to the others waiting on it
+                with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                    await self._give_up(approval_id, ApprovalState.CANCELLED, ask, record)
             raise
         # (3) Answer.
         await self._answer(decided, ask, record)
@@ -184,11 +188,11 @@ class StepUp:
             )
         if earlier.state is ApprovalState.DENIED:
             raise ApprovalDenied("An approver denied this execution", **data)
-        if earlier.state is ApprovalState.PENDING:
-            raise ExecutionInFlight("Another attempt of this execution is waiting for approval", **data)
 
     async def _wait(self, request: ApprovalRecord, ask: ApprovalAsk, notify: Notify | None) -> ApprovalRecord:
-        approval_id, timeout_s = request.approval_id, ask.rule.timeout_s
+        approval_id = request.approval_id
+        # Bounded by the request's own expiry (a joined attempt waits no longer than the first).
+        timeout_s = max(0.0, (request.expires_at - self._now()).total_seconds())
         rounds = 0
         with anyio.move_on_after(timeout_s):
             while True:
@@ -239,6 +243,15 @@ class StepUp:
                 detail=detail,
             )
             raise ApprovalDenied(f"Approver {decided.decided_by} denied this call", **data)
+        if decided.state is ApprovalState.CANCELLED:
+            # The attempt that asked went away; this one waited on its request (a joined retry).
+            await record(
+                AuditEvent.APPROVAL_CANCELLED,
+                decision=Decision.DENY.value,
+                reason=ApprovalCancelled.reason.value,
+                detail=detail,
+            )
+            raise ApprovalCancelled("The attempt that asked for this approval went away; ask again", **data)
         await record(
             AuditEvent.APPROVAL_TIMED_OUT,
             decision=Decision.DENY.value,
