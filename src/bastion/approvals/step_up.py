@@ -43,6 +43,7 @@ from bastion.errors import (
     ApprovalCancelled,
     ApprovalDenied,
     ApprovalMismatch,
+    ApprovalRefused,
     ApprovalTimeout,
 )
 from bastion.ids import AgentId, CallId, EvidenceSessionId, ExecutionId
@@ -231,38 +232,25 @@ class StepUp:
 
     async def _answer(self, decided: ApprovalRecord, ask: ApprovalAsk, record: Record) -> None:
         detail = _decision_detail(decided)
-        data = {"approval_id": decided.approval_id}
         if decided.state is ApprovalState.APPROVED:
             await record(AuditEvent.APPROVAL_GRANTED, decision=Decision.ALLOW.value, detail=detail)
             return
+        refusal: ApprovalRefused
         if decided.state is ApprovalState.DENIED:
-            await record(
-                AuditEvent.APPROVAL_DENIED,
-                decision=Decision.DENY.value,
-                reason=ApprovalDenied.reason.value,
-                detail=detail,
-            )
-            raise ApprovalDenied(f"Approver {decided.decided_by} denied this call", **data)
-        if decided.state is ApprovalState.CANCELLED:
+            event = AuditEvent.APPROVAL_DENIED
+            refusal = ApprovalDenied(f"Approver {decided.decided_by} denied this call")
+        elif decided.state is ApprovalState.CANCELLED:
             # The attempt that asked went away; this one waited on its request (a joined retry).
-            await record(
-                AuditEvent.APPROVAL_CANCELLED,
-                decision=Decision.DENY.value,
-                reason=ApprovalCancelled.reason.value,
-                detail=detail,
+            event = AuditEvent.APPROVAL_CANCELLED
+            refusal = ApprovalCancelled("The attempt that asked for this approval went away; ask again")
+        else:
+            event = AuditEvent.APPROVAL_TIMED_OUT
+            refusal = ApprovalTimeout(
+                f"No approver decided this call within {ask.rule.timeout_s:g} s", timeout_s=ask.rule.timeout_s
             )
-            raise ApprovalCancelled("The attempt that asked for this approval went away; ask again", **data)
-        await record(
-            AuditEvent.APPROVAL_TIMED_OUT,
-            decision=Decision.DENY.value,
-            reason=ApprovalTimeout.reason.value,
-            detail=detail,
-        )
-        raise ApprovalTimeout(
-            f"No approver decided this call within {ask.rule.timeout_s:g} s",
-            timeout_s=ask.rule.timeout_s,
-            **data,
-        )
+        refusal.data["approval_id"] = decided.approval_id
+        await record(event, decision=Decision.DENY.value, reason=refusal.reason.value, detail=detail)
+        raise refusal
 
 
 def _decision_detail(record: ApprovalRecord) -> dict[str, Any]:
