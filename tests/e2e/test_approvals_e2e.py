@@ -39,6 +39,7 @@ from tests.e2e.issue4_support import (
     base_config,
     bearer,
     call,
+    create_agent_session,
     export_entries,
     mcp_headers,
     open_session,
@@ -70,6 +71,8 @@ def approval_config(tmp_path: Path, tools_url: str, *, store: str | None = None)
         {"name": "hurried", "agent": "alice", "servers": ["tools"], "tools": ["echo"],
          "approval": {"approvers": ["carol", "dave"], "timeout_s": 1.5, "show_arguments": True}},
         {"name": "reads", "agent": "alice", "servers": ["tools"], "tools": ["count"]},
+        {"name": "erin-guarded", "agent": "erin", "servers": ["tools"], "tools": ["increment"],
+         "approval": {"approvers": ["carol"], "timeout_s": 60}},
     ]  # fmt: skip
     if store is not None:
         config["store"] = {"url": store}
@@ -194,11 +197,13 @@ async def test_an_approved_call_runs_once_and_its_chain_says_who_approved_when(
 async def test_a_denied_call_is_a_typed_refusal_and_never_sent(
     mode: str, tmp_path: Path, tools_upstream: Upstream
 ) -> None:
-    """dave is not named by the grant (403), the admin may not decide (403), carol denies: -32090."""
+    """An agent session's call (its human shown): dave is not named by the grant (403), the admin
+    may not decide (403), an agent may not (401), carol denies: -32090, never sent."""
     before = counter_value(tools_upstream.counter_file)
     refused: MCPError | None = None
     async with serving(tmp_path, tools_upstream) as gw, httpx.AsyncClient(timeout=WAIT_S) as http:
-        async with sdk_client(gw.url, static_token("alice"), mode=mode) as client:
+        erin = await create_agent_session(http, gw.origin, agent="erin", human="erin@example.com")
+        async with sdk_client(gw.url, erin.token, mode=mode) as client:
 
             async def run_call() -> None:
                 nonlocal refused
@@ -211,6 +216,8 @@ async def test_a_denied_call_is_a_typed_refusal_and_never_sent(
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(run_call)
                     request = await pending_request(http, gw.origin, "increment")
+                    assert (request["agent"], request["human"]) == ("erin", "erin@example.com")
+                    assert request["agent_session_id"] == erin.agent_session_id
                     approval_id = request["approval_id"]
                     not_named = await decide(http, gw.origin, approval_id, "approve", APPROVER_TOKENS["dave"])
                     assert not_named.status_code == 403
