@@ -15,7 +15,6 @@ the other.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -30,7 +29,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from bastion.auth.bearer import hash_token
-from bastion.cli.approvals_cmd import add_approvals_parser, run_approvals
+from bastion.cli.main import main
 from tests.e2e.conftest import TOKENS, Upstream, counter_value
 from tests.e2e.issue4_support import (
     ADMIN_TOKEN,
@@ -116,10 +115,10 @@ async def decide(
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser()
-    add_approvals_parser(parser.add_subparsers(dest="command"))
+    """``bastion approvals ...`` through the CLI's entry point, its output captured."""
     out, err = io.StringIO(), io.StringIO()
-    code = run_approvals(parser.parse_args(["approvals", *argv]), out=out, err=err)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["approvals", *argv])
     return code, out.getvalue(), err.getvalue()
 
 
