@@ -216,6 +216,13 @@ def _admin_router(gateway: Gateway) -> Router:
         configured_digests=lambda: gateway.snapshot().credential_roles().keys(),
     )
     routes.append(Route("/admin/reload", gate.wrap(reload), methods=["POST"]))
+    if gateway.call_path is not None:  # issue 27: step-up approvals, decided by approvers
+        from bastion.admin.approvals import approval_routes
+
+        routes += approval_routes(
+            gateway.store, gate, approvers=lambda: gateway.snapshot().auth.approvers,
+            waiters=gateway.call_path.step_up.waiters, clock=lambda: datetime.now(UTC),
+        )  # fmt: skip
     from bastion.admin.workers import worker_routes
 
     routes += worker_routes(

@@ -37,6 +37,7 @@ from bastion.admission.continuation import InputContinuations
 from bastion.admission.envelope import CmcpEnvelope, read_envelope
 from bastion.admission.rounds import RoundCall, RoundStates
 from bastion.admission.states import ExecutionState
+from bastion.approvals.step_up import ApprovalAsk, StepUp
 from bastion.audit.earlier import name_earlier_attempt
 from bastion.audit.entry import AuditEntry, AuditEvent, Decision
 from bastion.audit.recorder import EVENT_AT
@@ -171,6 +172,7 @@ class ToolCallPath:
         self.rounds = RoundStates(monotonic=monotonic)
         # Grant rate limits on resources, prompts and completion: the same limiters (issue 9).
         self.surface_limits = SurfaceLimits(limiter, shared_limits, monotonic)
+        self.step_up = StepUp(store)  # issue 27: the gateway wakes it and the admin API decides
 
     async def call_tool(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         """Decide, admit, relay and record one tool call; returns the upstream's result with a receipt.
@@ -384,6 +386,19 @@ class ToolCallPath:
         required = snapshot.requirements.required_for(caller.agent, caller.principal.team)
         if required and not entry.read_only:
             self._check_attachment(caller, snapshot, required)
+        # (5b) Step-up approval (issue 27): the call waits for a named approver's yes, bound to
+        #      its binding and execution id (approvals/step_up.py); a refusal is audited below.
+        if decision.approval is not None:
+            await self.step_up.require(
+                ApprovalAsk.of(
+                    caller, decision.approval, server=entry.server, tool=entry.upstream_name,
+                    binding=attempt.binding, execution_id=attempt.envelope.execution_id,
+                    call_id=attempt.call_id, evidence_session_id=scope.session_id, arguments=arguments,
+                    progress_token=_progress_token(params),
+                ),
+                record=lambda event, **extra: self._record(scope, attempt, event, **extra),
+                notify=caller.relay.notify if caller.relay is not None else None,
+            )  # fmt: skip
 
         # (6) Execution admission.
         try:

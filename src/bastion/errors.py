@@ -22,7 +22,9 @@
     │  ├─ InputRoundMismatch (-32037: the caller's requestState, presented with another call)
     │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
     │  ├─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
-    │  └─ TaskRequired (-32080: the upstream insists on a task, which is not relayed; issue 24)
+    │  ├─ TaskRequired (-32080: the upstream insists on a task, which is not relayed; issue 24)
+    │  └─ ApprovalRefused (issue 27): ApprovalDenied (-32090)   ApprovalTimeout (-32091)
+    │     ApprovalCancelled (-32092)   ApprovalMismatch (-32093: another binding's approval)
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
     │  └─ UpstreamResponseTooLarge (an UpstreamProtocolError: a message over servers.NAME.max_response_bytes)
     │  └─ UpstreamCapacity (no process for this owner: a process bound is reached; nothing was sent)
@@ -44,6 +46,11 @@ __all__ = [
     "AgentRequestLimit",
     "AgentSessionExpired",
     "AgentSessionRevoked",
+    "ApprovalCancelled",
+    "ApprovalDenied",
+    "ApprovalMismatch",
+    "ApprovalRefused",
+    "ApprovalTimeout",
     "ArgumentConstraintFailed",
     "AttachmentContradictory",
     "AttachmentUnproven",
@@ -163,6 +170,10 @@ class Reason(enum.StrEnum):
     GENERATION_HELD = "generation_held"
     STORE_MISSING = "store_missing"
     STORE_FOREIGN = "store_foreign"
+    APPROVAL_DENIED = "approval_denied"
+    APPROVAL_TIMEOUT = "approval_timeout"
+    APPROVAL_CANCELLED = "approval_cancelled"
+    APPROVAL_MISMATCH = "approval_mismatch"
 
 
 class BastionError(Exception):
@@ -630,3 +641,40 @@ class StoreForeign(StoreError):
     reason = Reason.STORE_FOREIGN
     jsonrpc_code = -32076
     default_message = "The store belongs to another data directory"
+
+
+# ---------------------------------------------------------------- step-up approval (issue 27)
+
+
+class ApprovalRefused(CallRefused):
+    """A call whose grant requires a named approver's yes did not get one; nothing was sent."""
+
+    default_message = "This call was not approved"
+
+
+class ApprovalDenied(ApprovalRefused):
+    reason = Reason.APPROVAL_DENIED
+    jsonrpc_code = -32090
+    default_message = "An approver denied this call"
+
+
+class ApprovalTimeout(ApprovalRefused):
+    reason = Reason.APPROVAL_TIMEOUT
+    jsonrpc_code = -32091
+    default_message = "No approver decided this call in time"
+
+
+class ApprovalCancelled(ApprovalRefused):
+    """The waiting call ended (its client went away) before an approver decided."""
+
+    reason = Reason.APPROVAL_CANCELLED
+    jsonrpc_code = -32092
+    default_message = "The call ended while it waited for approval"
+
+
+class ApprovalMismatch(ApprovalRefused):
+    """This execution id's approval request is for another binding: never reused for other arguments."""
+
+    reason = Reason.APPROVAL_MISMATCH
+    jsonrpc_code = -32093
+    default_message = "This execution's approval was asked for other arguments"

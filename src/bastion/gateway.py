@@ -272,7 +272,10 @@ class Gateway:
         self.authenticator = Authenticator(self.auth, self._store_auth, verifier)
         # (7) the links that make replicas interchangeable (issue #10)
         report_policy = self.policy_following.report_policy
-        links = start_replica_links(self, task_group, store, report_policy=report_policy)
+        approval_decided = self.call_path.step_up.wake if self.call_path is not None else None
+        links = start_replica_links(
+            self, task_group, store, report_policy=report_policy, approval_decided=approval_decided
+        )
         self.shared, self.feed, self.follower = links.shared, links.feed, links.follower
         # (8) the upstreams, their runtimes recorded
         self.runtimes = RuntimeRegistry(

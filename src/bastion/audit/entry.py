@@ -56,6 +56,12 @@ class AuditEvent(enum.StrEnum):
     RECOVERY = "recovery"
     REVOCATION = "revocation"
     INPUT_REQUIRED = "input_required"  # a round of a call that asked its client for input (issue #8)
+    # Step-up approval of one call (issue 27): asked, then exactly one of the four answers.
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVAL_GRANTED = "approval_granted"
+    APPROVAL_DENIED = "approval_denied"
+    APPROVAL_TIMED_OUT = "approval_timed_out"
+    APPROVAL_CANCELLED = "approval_cancelled"
 
 
 class Decision(enum.StrEnum):

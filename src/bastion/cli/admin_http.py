@@ -29,8 +29,12 @@ def admin_get(
     timeout: float,
     http: httpx.Client | None,
     err: TextIO,
+    post: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """The JSON object at ``<gateway>/admin/...``, or ``None`` after saying on ``err`` why not."""
+    """The JSON object at ``<gateway>/admin/...``, or ``None`` after saying on ``err`` why not.
+
+    With ``post``, a ``POST`` of that JSON body instead of a ``GET``.
+    """
     import httpx
 
     if admin_token_file is None:
@@ -41,9 +45,9 @@ def admin_get(
     try:
         if http is None:
             with httpx.Client(timeout=timeout) as client:
-                response = client.get(base + path, headers=headers)
+                response = _send(client, base + path, headers, post)
         else:
-            response = http.get(base + path, headers=headers)
+            response = _send(http, base + path, headers, post)
     except httpx.HTTPError as exc:
         print(f"bastion: cannot reach the admin API at {base}: {type(exc).__name__}", file=err)
         return None
@@ -59,6 +63,12 @@ def admin_get(
         print(f"bastion: {error.get('reason', response.status_code)}: {error.get('message', '')}", file=err)
         return None
     return answer
+
+
+def _send(
+    client: httpx.Client, url: str, headers: dict[str, str], post: dict[str, Any] | None
+) -> httpx.Response:
+    return client.get(url, headers=headers) if post is None else client.post(url, headers=headers, json=post)
 
 
 def read_secret(path: Path, what: str = "admin token") -> str:

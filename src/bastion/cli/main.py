@@ -136,6 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     token.set_defaults(command="hash-token")
 
     from bastion.cli.agent_session_cmd import add_agent_session_parser
+    from bastion.cli.approvals_cmd import add_approvals_parser
     from bastion.cli.connect_cmd import add_connect_parser
     from bastion.cli.sessions_cmd import add_sessions_parser
     from bastion.cli.workers_cmd import add_workers_parser
@@ -144,6 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     add_connect_parser(sub)
     add_workers_parser(sub)
     add_sessions_parser(sub)
+    add_approvals_parser(sub)
     return parser
 
 
@@ -262,6 +264,10 @@ def _run(argv: list[str] | None) -> int:
         from bastion.cli.sessions_cmd import run_sessions
 
         return run_sessions(args)
+    if args.command == "approvals":
+        from bastion.cli.approvals_cmd import run_approvals
+
+        return run_approvals(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 

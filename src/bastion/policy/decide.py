@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 from bastion.auth.principal import Principal
 from bastion.errors import ArgumentConstraintFailed, ExecutionIdRequired, GrantDenied, RateLimited
+from bastion.policy.approval_rules import ApprovalRule
 from bastion.policy.grants import Grant, Rate
 from bastion.policy.snapshot import Snapshot
 
@@ -67,6 +68,8 @@ class GrantDecision:
     # The rate limits of the allowing grants: taken by ``decide`` from an in-memory limiter,
     # or, when it is given none, by the caller from the store (``policy/shared_limits.py``).
     limits: tuple[tuple[str, Rate], ...] = ()
+    # Issue 27: the first allowing grant (file order) that requires approval, and its rule.
+    approval: tuple[str, ApprovalRule] | None = None
 
     @property
     def grant(self) -> str | None:
@@ -264,12 +267,15 @@ def decide(
         except RateLimited as exc:
             exc.data["policy_version"] = version
             raise
+    # An approval one allowing grant requires is not lifted by another that requires none.
+    approval = next(((g.name, g.approval) for g in allowing if g.approval is not None), None)
     return GrantDecision(
         DecisionBasis.GRANT,
         tuple(g.name for g in allowing),
         requires_id,
         version,
         tuple(limits),
+        approval,
     )
 
 

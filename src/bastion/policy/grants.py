@@ -29,6 +29,7 @@ import jsonschema.protocols
 import jsonschema.validators
 
 from bastion.errors import ConfigError
+from bastion.policy.approval_rules import ApprovalRule
 
 __all__ = ["Grant", "Rate", "Subject", "SubjectKind", "check_arguments_schema"]
 
@@ -148,6 +149,8 @@ class Grant:
     # Issue 9: patterns over upstream resource URIs and URI templates, and over upstream prompt names.
     resources: tuple[str, ...] = ()
     prompts: tuple[str, ...] = ()
+    # Issue 27: a call this grant allows waits for one of these approvers' yes.
+    approval: ApprovalRule | None = None
     _validator: jsonschema.protocols.Validator | None = field(
         default=None, init=False, repr=False, compare=False
     )

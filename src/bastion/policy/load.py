@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from bastion.auth.oauth import ClaimRules, OAuthSettings
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
+from bastion.policy.approval_rules import read_approval_rule, read_approvers
 from bastion.policy.grants import Grant, Rate, Subject, SubjectKind, check_arguments_schema
 from bastion.policy.load_context import LoadContext as _Context
 from bastion.policy.load_context import key_path as _key_path
@@ -72,6 +73,7 @@ _GRANT_KEYS = _SUBJECT_KEYS | {
     "arguments_schema",
     "require_execution_id",
     "rate",
+    "approval",
 }
 _GRANT_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 
@@ -201,8 +203,12 @@ def _read_auth(ctx: _Context, value: Any) -> AuthSettings:
         if "leeway_s" in oauth_table:
             settings["leeway_s"] = oauth_table["leeway_s"]
         oauth = ctx.build(OAuthSettings, **settings)
+    approvers = (
+        read_approvers(table.approvers, "auth.approvers", ctx.error) if table.approvers is not None else {}
+    )
     return ctx.build(
         AuthSettings,
+        approvers=approvers,
         resource_url=resource_url,
         admin_token_sha256=table.admin_token_sha256,
         auditor_token_sha256=tuple(table.auditor_token_sha256 or ()),
@@ -524,8 +530,12 @@ def _read_grant(
             if exc.data.get("key"):
                 raise
             raise ctx.error(f"{key}.rate", exc.message) from None
+    approval = (
+        read_approval_rule(table["approval"], f"{key}.approval", ctx.error) if "approval" in table else None
+    )
     return ctx.build(
         Grant,
+        approval=approval,
         name=name,
         subject=Subject(kind, subject_name),
         tools=tuple(tools),

@@ -239,8 +239,11 @@ class AuthSettings:
     # arrives in this header, believed only from these proxy addresses.
     mtls_fingerprint_header: str | None = None
     mtls_trusted_proxies: tuple[str, ...] = ()
+    # Issue 27: approver name -> the SHA-256 of that approver's own token (policy/approval_rules.py).
+    approvers: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "approvers", MappingProxyType(dict(self.approvers)))
         object.__setattr__(self, "auditor_token_sha256", tuple(self.auditor_token_sha256))
         object.__setattr__(self, "mtls_trusted_proxies", tuple(self.mtls_trusted_proxies))
         if self.mtls_fingerprint_header is not None and not self.mtls_trusted_proxies:
@@ -318,6 +321,7 @@ class Snapshot:
         named += [
             (f"auth.auditor_token_sha256[{i}]", d) for i, d in enumerate(self.auth.auditor_token_sha256)
         ]
+        named += [(f"auth.approvers.{n}.token_sha256", d) for n, d in self.auth.approvers.items()]
         for where, digest in named:
             held = roles.get(digest)
             if held is not None and not (
@@ -341,6 +345,13 @@ class Snapshot:
                 if namespace not in namespaces:
                     raise ConfigError(f"grant {grant.name}: unknown namespace {namespace!r}")
             self._check_grant_tool_names(grant)
+            for position, approver in enumerate(grant.approval.approvers if grant.approval else ()):
+                if approver not in self.auth.approvers:
+                    declared = ", ".join(sorted(self.auth.approvers)) or "none"
+                    raise ConfigError(
+                        f"grant {grant.name}: approval.approvers[{position}] {approver!r} is not declared"
+                        f" in [auth.approvers] (declared: {declared})"
+                    )
 
     def _check_grant_tool_names(self, grant: Grant) -> None:
         """A grant names upstream tools; the exposed ``<namespace><sep><tool>`` would match nothing (#26)."""

@@ -100,6 +100,7 @@ class AuthTable(_Table):
     oauth: OAuthTable | None = None
     mtls_fingerprint_header: str | None = None
     mtls_trusted_proxies: StrList | None = None
+    approvers: dict[str, Any] | None = None
 
 
 def read_table(ctx: LoadContext, model: type[_M], value: Any, key: str) -> _M:

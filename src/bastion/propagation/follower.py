@@ -15,6 +15,8 @@ One :class:`ReplicaFollower` per gateway. It applies each change of the feed:
   holding it applies it here. Both name the transport session by its store key and reach
   only that session's own tables, so isolation (DESIGN section 5) holds
   across replicas as it does within one.
+- ``approval_decided`` (issue 27): an approval request was decided at some
+  replica: wake the call waiting on it here, if any (``approvals/waiters.py``).
 - ``policy_reloaded``: another replica reloaded its configuration: reload
   ours, so the fleet converges; a replica whose file differs shows as behind
   (``propagation/policy_status.py``).
@@ -56,7 +58,9 @@ class ReplicaFollower:
         reload_policy: Callable[[], Awaitable[Any]],
         policy_version: Callable[[], str],
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        approval_decided: Callable[[str], None] | None = None,
     ) -> None:
+        self._approval_decided = approval_decided
         self._store = store
         self._registry = registry
         self._worker = worker
@@ -85,6 +89,8 @@ class ReplicaFollower:
             if transport_session is not None:
                 reason = (change.detail or {}).get("reason", "client_delete")
                 await self._close_locally(transport_session, str(reason))
+        elif change.kind is ChangeKind.APPROVAL_DECIDED and self._approval_decided is not None:
+            self._approval_decided(change.subject)  # a call waiting here reads the decision
         elif change.kind is ChangeKind.REQUEST_CANCELLED and not own:
             self._apply_cancel(change)
         elif change.kind is ChangeKind.CLIENT_REPLIED and not own:

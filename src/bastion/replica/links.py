@@ -43,6 +43,7 @@ def start_replica_links(
     store: Store,
     *,
     report_policy: Callable[[], Awaitable[None]],
+    approval_decided: Callable[[str], None] | None = None,
 ) -> ReplicaLinks:
     """Shared transport sessions, the change feed, policy reports: what makes replicas interchangeable."""
     assert host.membership is not None
@@ -63,6 +64,7 @@ def start_replica_links(
         close_locally=host.close_transport_session,
         reload_policy=host.follow_policy_reload,
         policy_version=lambda: host.policy.current.version,
+        approval_decided=approval_decided,
     )
 
     async def follow() -> None:

@@ -55,6 +55,7 @@ from bastion.store.agent_sessions import (
     CredentialKind,
     CredentialRecord,
 )
+from bastion.store.approvals import ApprovalStore
 from bastion.store.chains import AppendBuilder, ChainInfo, ChainStore
 from bastion.store.executions import (
     ExecutionRecord,
@@ -113,6 +114,7 @@ class Store(
     ReplicaRecords,
     TokenBucketStore,
     TaskStore,
+    ApprovalStore,
     Protocol,
 ):
     """The one storage contract. Every method is a coroutine; times are timezone-aware.

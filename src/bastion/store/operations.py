@@ -22,6 +22,7 @@ from bastion.admission.states import ExecutionState
 from bastion.audit.entry import AuditEntry
 from bastion.errors import StoreError
 from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
+from bastion.store.approval_operations import ApprovalOperations
 from bastion.store.base import (
     AgentSessionRecord,
     AppendBuilder,
@@ -60,7 +61,7 @@ __all__ = ["StoreOperations"]
 T = TypeVar("T")
 
 
-class StoreOperations(ReplicaRecordOperations, TaskOperations):
+class StoreOperations(ReplicaRecordOperations, TaskOperations, ApprovalOperations):
     """Every contract method, over :meth:`_write` and :meth:`_read`."""
 
     async def _write(self, op: OpFactory[T]) -> T:

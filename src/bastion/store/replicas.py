@@ -57,6 +57,7 @@ class ChangeKind(enum.StrEnum):
     REQUEST_CANCELLED = "request_cancelled"  # subject: session key; detail: {request_id}
     CLIENT_REPLIED = "client_replied"  # subject: session key; detail: {relay_id, reply}
     POLICY_RELOADED = "policy_reloaded"  # subject: policy version
+    APPROVAL_DECIDED = "approval_decided"  # subject: approval_id (issue 27; written by decide_approval)
 
 
 @dataclass(frozen=True, slots=True)
