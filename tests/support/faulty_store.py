@@ -43,6 +43,7 @@ from bastion.store.base import (
     WorkerRecord,
 )
 from bastion.store.token_buckets import BucketTake, TokensRefused
+from tests.support.pins_passthrough import PinStorePassthrough
 from tests.support.replicas_passthrough import ReplicaRecordsPassthrough
 from tests.support.tasks_passthrough import TaskStorePassthrough
 
@@ -75,7 +76,7 @@ FailPoint = Literal[
 FailWhen = Literal["before_commit", "after_commit"]
 
 
-class FaultyStore(ReplicaRecordsPassthrough, TaskStorePassthrough):
+class FaultyStore(ReplicaRecordsPassthrough, TaskStorePassthrough, PinStorePassthrough):
     """Wraps ``inner`` and makes ``fail_at`` raise :class:`NotDurable` ``times`` times."""
 
     def __init__(

@@ -83,6 +83,7 @@ from typing import Any, Protocol
 from bastion.admission.states import ExecutionState
 from bastion.audit.entry import AuditEntry
 from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
+from bastion.store.pins import PinStore
 from bastion.store.replicas import ReplicaRecords
 from bastion.store.tasks import TaskStore
 from bastion.store.token_buckets import TokenBucketStore
@@ -326,7 +327,7 @@ class CredentialRecord:
     renewed_from: str | None
 
 
-class Store(ReplicaRecords, TokenBucketStore, TaskStore, Protocol):
+class Store(ReplicaRecords, TokenBucketStore, TaskStore, PinStore, Protocol):
     """The one storage contract. Every method is a coroutine; times are timezone-aware.
 
     Each write below is one atomic transaction. Engines may commit several

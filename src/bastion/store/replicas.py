@@ -57,6 +57,7 @@ class ChangeKind(enum.StrEnum):
     REQUEST_CANCELLED = "request_cancelled"  # subject: session key; detail: {request_id}
     CLIENT_REPLIED = "client_replied"  # subject: session key; detail: {relay_id, reply}
     POLICY_RELOADED = "policy_reloaded"  # subject: policy version
+    PINS_CHANGED = "pins_changed"  # subject: server; detail: {kind, name, digest, approved} (issue 27)
 
 
 @dataclass(frozen=True, slots=True)
