@@ -52,6 +52,8 @@ from bastion.errors import AgentSessionRevoked, BastionError, ConfigError, Store
 from bastion.ids import AgentId, WorkerId
 from bastion.methods import MethodRouter
 from bastion.metrics import CallMetrics
+from bastion.pinning.audit import PinAudit
+from bastion.pinning.book import PinBook
 from bastion.policy.decide import RateLimiter, SurfaceKind, surface_reachable, visible_tools
 from bastion.policy.digest import snapshot_digest
 from bastion.policy.load import load_snapshot
@@ -74,6 +76,7 @@ from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
 from bastion.store.ownership import check_store_file, claim_store
+from bastion.store.pins import PinRecord
 from bastion.store.replicas import ChangeKind
 from bastion.store.select import SQLITE_FILE, open_store
 from bastion.tracing import Tracing, note_authentication
@@ -401,6 +404,11 @@ class Gateway:
         )
         self._runtime_hook = self.runtimes.process_hook(self.policy.current.version)
         task_group.start_soon(self.runtimes.run)  # ended by runtimes.settle() at shutdown
+        # Issue 27: every listing admitted against its pins; lock files read now (refused: no start).
+        self.pin_audit = PinAudit(self.evidence_for, self.health.failed)
+        self.fleet.pins = PinBook.for_servers(
+            lambda: self.policy.current.servers, store, on_change=self.pin_audit.changed
+        )
         await self.fleet.start(task_group)
         self.background.start_soon(task_group, self.membership.heartbeat_forever, self.health.failed)
         self.background.start_soon(task_group, self.health.watch, self._probe_store, store.probe)
@@ -709,6 +717,11 @@ class Gateway:
         logger.warning("agent session revoked: live sessions ended", extra=summary)
         return summary
 
+    async def pins_decided(self, pin: PinRecord, digest: str, previous: str, approve: bool) -> None:
+        """An operator decided a changed definition at this replica: audit it, apply it here now (#27)."""
+        await self.pin_audit.decided(pin, digest, previous, approve=approve)
+        await self.fleet.pins_changed(pin.server)
+
     async def revoked_elsewhere(self, agent_session_id: str) -> None:
         """A revocation made anywhere (the change feed said so): end it here if this replica serves it."""
         assert self.store is not None
@@ -745,6 +758,7 @@ class Gateway:
             close_locally=self.close_transport_session,
             reload_policy=self.follow_policy_reload,
             policy_version=lambda: self.policy.current.version,
+            pins_changed=self.fleet.pins_changed,
         )
         follower = self.follower
         feed = self.feed

@@ -56,6 +56,8 @@ class AuditEvent(enum.StrEnum):
     RECOVERY = "recovery"
     REVOCATION = "revocation"
     INPUT_REQUIRED = "input_required"  # a round of a call that asked its client for input (issue #8)
+    DEFINITION_CHANGED = "definition_changed"  # an upstream definition differs from its pin (issue 27)
+    PIN_DECIDED = "pin_decided"  # an operator approved or rejected a changed definition (issue 27)
 
 
 class Decision(enum.StrEnum):

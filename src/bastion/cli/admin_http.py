@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["AdminArgumentsUnusable", "admin_get", "print_table", "read_secret"]
+__all__ = ["AdminArgumentsUnusable", "admin_get", "admin_post", "print_table", "read_secret"]
 
 
 class AdminArgumentsUnusable(Exception):
@@ -31,6 +31,34 @@ def admin_get(
     err: TextIO,
 ) -> dict[str, Any] | None:
     """The JSON object at ``<gateway>/admin/...``, or ``None`` after saying on ``err`` why not."""
+    return _admin_request("GET", url, admin_token_file, path, None, timeout=timeout, http=http, err=err)
+
+
+def admin_post(
+    url: str,
+    admin_token_file: Path | None,
+    path: str,
+    body: dict[str, Any],
+    *,
+    timeout: float,
+    http: httpx.Client | None,
+    err: TextIO,
+) -> dict[str, Any] | None:
+    """POST ``body`` to ``<gateway>/admin/...``: its JSON answer, or ``None`` after saying why not."""
+    return _admin_request("POST", url, admin_token_file, path, body, timeout=timeout, http=http, err=err)
+
+
+def _admin_request(
+    method: str,
+    url: str,
+    admin_token_file: Path | None,
+    path: str,
+    body: dict[str, Any] | None,
+    *,
+    timeout: float,
+    http: httpx.Client | None,
+    err: TextIO,
+) -> dict[str, Any] | None:
     import httpx
 
     if admin_token_file is None:
@@ -41,9 +69,9 @@ def admin_get(
     try:
         if http is None:
             with httpx.Client(timeout=timeout) as client:
-                response = client.get(base + path, headers=headers)
+                response = client.request(method, base + path, headers=headers, json=body)
         else:
-            response = http.get(base + path, headers=headers)
+            response = http.request(method, base + path, headers=headers, json=body)
     except httpx.HTTPError as exc:
         print(f"bastion: cannot reach the admin API at {base}: {type(exc).__name__}", file=err)
         return None

@@ -137,6 +137,8 @@ def _parser() -> argparse.ArgumentParser:
 
     from bastion.cli.agent_session_cmd import add_agent_session_parser
     from bastion.cli.connect_cmd import add_connect_parser
+    from bastion.cli.pin_cmd import add_pin_parser
+    from bastion.cli.pins_cmd import add_pins_parser
     from bastion.cli.sessions_cmd import add_sessions_parser
     from bastion.cli.workers_cmd import add_workers_parser
 
@@ -144,6 +146,8 @@ def _parser() -> argparse.ArgumentParser:
     add_connect_parser(sub)
     add_workers_parser(sub)
     add_sessions_parser(sub)
+    add_pins_parser(sub)
+    add_pin_parser(sub)
     return parser
 
 
@@ -262,6 +266,14 @@ def _run(argv: list[str] | None) -> int:
         from bastion.cli.sessions_cmd import run_sessions
 
         return run_sessions(args)
+    if args.command == "pins":
+        from bastion.cli.pins_cmd import run_pins
+
+        return run_pins(args)
+    if args.command == "pin":
+        from bastion.cli.pin_cmd import run_pin
+
+        return run_pin(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 

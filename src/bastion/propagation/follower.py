@@ -15,6 +15,9 @@ One :class:`ReplicaFollower` per gateway. It applies each change of the feed:
   holding it applies it here. Both name the transport session by its store key and reach
   only that session's own tables, so isolation (DESIGN section 5) holds
   across replicas as it does within one.
+- ``pins_changed``: an operator decided a changed definition (issue 27):
+  read that server's pins again and list it again, so the approved
+  definition is served (or the rejected one stays withheld) here too.
 - ``policy_reloaded``: another replica reloaded its configuration: reload
   ours, so the fleet converges; a replica whose file differs shows as behind
   (``propagation/policy_status.py``).
@@ -56,7 +59,9 @@ class ReplicaFollower:
         reload_policy: Callable[[], Awaitable[Any]],
         policy_version: Callable[[], str],
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        pins_changed: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
+        self._pins_changed = pins_changed
         self._store = store
         self._registry = registry
         self._worker = worker
@@ -85,6 +90,8 @@ class ReplicaFollower:
             if transport_session is not None:
                 reason = (change.detail or {}).get("reason", "client_delete")
                 await self._close_locally(transport_session, str(reason))
+        elif change.kind is ChangeKind.PINS_CHANGED and self._pins_changed is not None:
+            await self._pins_changed(change.subject)  # a decision made anywhere, here included
         elif change.kind is ChangeKind.REQUEST_CANCELLED and not own:
             self._apply_cancel(change)
         elif change.kind is ChangeKind.CLIENT_REPLIED and not own:
