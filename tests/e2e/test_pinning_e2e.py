@@ -235,3 +235,41 @@ async def test_lock_mode_serves_what_bastion_pin_wrote_and_refuses_the_rest(
     _refused(answer)
     refused = [e["detail"] for e in _entries(tmp_path / "data", "definition_changed")]
     assert {(d["name"], d["action"]) for d in refused} == {("rug_pull", "refused"), ("lookup", "withheld")}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_approval_at_one_replica_is_served_by_another_without_restart(
+    tmp_path: Path, mode: str
+) -> None:
+    """Two replicas on one store both withhold the changed tool; approved at the first, the second
+    serves the new definition (the change feed), within the propagation bound and with no restart."""
+    from tests.e2e.test_workers_e2e import gateway_process
+
+    config = _config(tmp_path)
+    data_dir = tmp_path / "data"
+    async with gateway_process(config, data_dir, "gateway-1", tmp_path / "first.log") as first:
+        description, _ = await _lookup(RunningGateway(first.url, None, tmp_path), mode)  # type: ignore[arg-type]
+        assert description == FIRST
+    (tmp_path / "description.txt").write_text(PULLED)
+    async with (
+        gateway_process(config, data_dir, "gateway-1", tmp_path / "one.log") as one,
+        gateway_process(config, data_dir, "gateway-2", tmp_path / "two.log") as two,
+    ):
+        replicas = [RunningGateway(r.url, None, tmp_path) for r in (one, two)]  # type: ignore[arg-type]
+        for replica in replicas:
+            description, answer = await _lookup(replica, mode)
+            assert description == FIRST
+            _refused(answer)
+        async with replicas[1].client(mode=mode) as watching:
+            await watching.list_tools()  # its own upstream process is running before the approval
+            await _decide(replicas[0], "approve")
+            started = anyio.current_time()
+            with anyio.fail_after(5):
+                while {t.name: t for t in (await watching.list_tools()).tools}[
+                    "up__lookup"
+                ].description != PULLED:
+                    await anyio.sleep(0.02)
+            elapsed = anyio.current_time() - started
+        description, answer = await _lookup(replicas[1], mode)
+        assert answer.content[0].text == "looked up word"
+    print(f"approval at replica 1 served by replica 2 after {elapsed:.2f} s")
