@@ -116,13 +116,18 @@ class PinBook:
                 locks[name] = held.get(name, {})
         return cls(servers, store, locks=locks, on_change=on_change)
 
+    def mode_of(self, server: str) -> PinMode:
+        """How ``server``'s definitions are pinned now (``off`` for a server no longer configured)."""
+        spec = self._servers().get(server)
+        return PinMode.OFF if spec is None else spec.pinning
+
     def forget(self, server: str) -> None:
         """A decision about ``server`` was made (here or at a replica): read its pins again."""
         self._cache.pop(server, None)
 
     async def admit(self, server: str, kind: PinKind, entries: Sequence[ToolEntry]) -> list[ToolEntry]:
         spec = self._servers().get(server)
-        mode = PinMode.OFF if spec is None else spec.pinning
+        mode = self.mode_of(server)
         if mode is PinMode.OFF:  # (1)
             return list(entries)
         assert spec is not None
