@@ -32,6 +32,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import anyio
+
 from bastion.errors import DefinitionChanged, StoreError
 from bastion.pinning.digest import DefinitionUnpinnable, definition_digest, pinned_form
 from bastion.pinning.lockfile import LockedPin, read_lock_file
@@ -131,17 +133,20 @@ class PinBook:
         if mode is PinMode.OFF:  # (1)
             return list(entries)
         assert spec is not None
-        admitted: list[ToolEntry] = []
+        formed: list[tuple[ToolEntry, dict[str, Any], str]] = []
         for entry in entries:
             try:  # (2)
                 form = pinned_form(kind, entry.definition, entry.upstream_name)
-                digest = definition_digest(form)
+                formed.append((entry, form, definition_digest(form)))
             except DefinitionUnpinnable as exc:
                 logger.warning(
                     "upstream %s: %s %r left out, its definition cannot be pinned: %s",
                     server, kind.value, entry.upstream_name, exc,
                 )  # fmt: skip
-                continue
+        if mode is PinMode.TOFU:
+            await self._pin_first_uses(server, kind, formed)
+        admitted: list[ToolEntry] = []
+        for entry, form, digest in formed:
             pin = await self._pin_of(server, kind, entry.upstream_name, digest, form, mode)  # (3)
             if pin is None:
                 continue
@@ -155,6 +160,26 @@ class PinBook:
             if withheld is not None:
                 admitted.append(withheld)
         return admitted
+
+    async def _pin_first_uses(
+        self, server: str, kind: PinKind, formed: Sequence[tuple[ToolEntry, dict[str, Any], str]]
+    ) -> None:
+        """Pin every definition not pinned yet at once: concurrent writes share the store's group commit."""
+        cached = await self._cached(server)
+        if cached is None or self._store is None:
+            return
+        store, unknown = self._store, [f for f in formed if (kind, f[0].upstream_name) not in cached]
+
+        async def pin(name: str, digest: str, form: dict[str, Any]) -> None:
+            try:
+                held = await store.pin_first(server, kind, name, digest, form, now=self._clock())
+            except StoreError:
+                return  # left to _pin_of, which tries once more and leaves it out
+            cached[(kind, name)] = (held.digest, MappingProxyType(held.definition))
+
+        async with anyio.create_task_group() as tg:
+            for entry, form, digest in unknown:
+                tg.start_soon(pin, entry.upstream_name, digest, form)
 
     async def _pin_of(
         self, server: str, kind: PinKind, name: str, digest: str, form: dict[str, Any], mode: PinMode
