@@ -34,7 +34,7 @@ from typing import Any
 
 import anyio
 
-from bastion.errors import DefinitionChanged, StoreError
+from bastion.errors import ConfigError, DefinitionChanged, StoreError
 from bastion.pinning.digest import DefinitionUnpinnable, definition_digest, pinned_form
 from bastion.pinning.lockfile import LockedPin, read_lock_file
 from bastion.pinning.modes import PinChanged, PinMode
@@ -95,6 +95,8 @@ class PinBook:
         self._servers = servers
         self._store = store
         self._locks = dict(locks or {})
+        # Per lock-mode server, the lock file as last read (path, mtime, size): read again when it changes.
+        self._lock_seen: dict[str, tuple[str, int, int] | None] = {}
         self._on_change = on_change
         self._clock = clock
         # Per server, what the store held when last read: (kind, name) -> (digest, definition).
@@ -112,11 +114,14 @@ class PinBook:
     ) -> PinBook:
         """The book of these servers, their lock files read now. Raises :class:`ConfigError` (one line)."""
         locks: dict[str, Mapping[tuple[PinKind, str], LockedPin]] = {}
+        seen: dict[str, tuple[str, int, int] | None] = {}
         for name, spec in servers().items():
             if spec.pinning is PinMode.LOCK and spec.pin_lock_file is not None:
-                held = read_lock_file(Path(spec.pin_lock_file))
-                locks[name] = held.get(name, {})
-        return cls(servers, store, locks=locks, on_change=on_change)
+                seen[name] = _file_seen(Path(spec.pin_lock_file))
+                locks[name] = read_lock_file(Path(spec.pin_lock_file)).get(name, {})
+        book = cls(servers, store, locks=locks, on_change=on_change)
+        book._lock_seen.update(seen)
+        return book
 
     def mode_of(self, server: str) -> PinMode:
         """How ``server``'s definitions are pinned now (``off`` for a server no longer configured)."""
@@ -145,6 +150,8 @@ class PinBook:
                 )  # fmt: skip
         if mode is PinMode.TOFU:
             await self._pin_first_uses(server, kind, formed)
+        elif mode is PinMode.LOCK:
+            self._read_lock_if_changed(server, spec)
         admitted: list[ToolEntry] = []
         for entry, form, digest in formed:
             pin = await self._pin_of(server, kind, entry.upstream_name, digest, form, mode)  # (3)
@@ -160,6 +167,23 @@ class PinBook:
             if withheld is not None:
                 admitted.append(withheld)
         return admitted
+
+    def _read_lock_if_changed(self, server: str, spec: ServerSpec) -> None:
+        """Read ``server``'s lock file again if it changed since (``bastion pin`` rewrote it)."""
+        if spec.pin_lock_file is None:
+            return
+        path = Path(spec.pin_lock_file)
+        seen = _file_seen(path)
+        if server in self._lock_seen and self._lock_seen[server] == seen:
+            return
+        self._lock_seen[server] = seen
+        try:
+            self._locks[server] = read_lock_file(path).get(server, {})
+        except ConfigError as exc:  # fail closed: nothing of this server until the file is fixed
+            logger.error(
+                "upstream %s: pin lock file unusable, its definitions are refused: %s", server, exc.message
+            )
+            self._locks[server] = {}
 
     async def _pin_first_uses(
         self, server: str, kind: PinKind, formed: Sequence[tuple[ToolEntry, dict[str, Any], str]]
@@ -278,3 +302,11 @@ class PinBook:
                 await self._on_change(change)
             except Exception:  # the audit's own failure is its health's; admission stays closed
                 logger.exception("reporting a changed definition failed")
+
+
+def _file_seen(path: Path) -> tuple[str, int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return str(path), stat.st_mtime_ns, stat.st_size

@@ -96,16 +96,29 @@ async def test_a_store_that_fails_leaves_unpinned_definitions_out(tmp_path: Path
     assert await book.admit("notes", PinKind.TOOL, [_entry("v1")]) == []
 
 
-async def test_lock_mode_admits_only_what_the_lock_file_holds(store: Store) -> None:
-    """A definition not in the lock file is refused; one in it, as locked, is admitted."""
+async def test_lock_mode_admits_only_what_the_lock_file_holds_and_reads_it_again(
+    store: Store, tmp_path: Path
+) -> None:
+    """A definition not in the lock file is refused; rewritten with it, the file is read again."""
     from bastion.pinning.digest import definition_digest, pinned_form
+    from bastion.pinning.lockfile import write_lock_file
 
-    form = pinned_form(PinKind.TOOL, _entry("v1").definition, "echo")
-    locks = {"notes": {(PinKind.TOOL, "echo"): LockedPin(definition_digest(form), form)}}
-    book = PinBook(lambda: _servers(pinning=PinMode.LOCK, pin_lock_file="x"), store, locks=locks)
+    def locked(*names: str) -> dict[str, Any]:
+        forms = {name: pinned_form(PinKind.TOOL, _entry("v1", name).definition, name) for name in names}
+        return {"notes": {(PinKind.TOOL, n): LockedPin(definition_digest(f), f) for n, f in forms.items()}}
+
+    lock = tmp_path / "pins.lock.json"
+    write_lock_file(lock, locked("echo"))
+    servers = _servers(pinning=PinMode.LOCK, pin_lock_file=str(lock))
+    book = PinBook.for_servers(lambda: servers, store)
     admitted = await book.admit("notes", PinKind.TOOL, [_entry("v1"), _entry("v1", "extra")])
     assert [e.upstream_name for e in admitted] == ["echo"]
     assert await store.list_pins() == []  # the lock file is the pin: nothing is written
+    write_lock_file(lock, locked("echo", "extra"))
+    admitted = await book.admit("notes", PinKind.TOOL, [_entry("v1"), _entry("v1", "extra")])
+    assert [e.upstream_name for e in admitted] == ["echo", "extra"]
+    lock.write_text("{}")  # unusable: nothing of this server, fail closed
+    assert await book.admit("notes", PinKind.TOOL, [_entry("v1")]) == []
 
 
 async def test_a_changed_template_is_listed_as_pinned_and_a_nameless_one_left_out(store: Store) -> None:
