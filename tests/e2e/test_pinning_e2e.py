@@ -149,14 +149,20 @@ async def test_a_description_changed_across_a_restart_is_withheld_until_approved
     description, answer = await _lookup(gateway, mode)
     assert description == FIRST  # the pinned definition, never the changed one
     _refused(answer)
+    async with gateway.client(mode=mode) as client:  # the prompt is pinned as the tool is
+        prompts = {p.name: p for p in (await client.list_prompts()).prompts}
+        assert prompts["up__brief"].description == FIRST
+        with pytest.raises(MCPError) as prompt_refused:
+            await client.get_prompt("up__brief", {"word": "pin"})
+    _refused(prompt_refused.value)
 
-    changed = _entries(tmp_path / "data", "definition_changed")
-    assert len(changed) == 1
-    detail = changed[0]["detail"]
+    changed = {e["detail"]["kind"]: e["detail"] for e in _entries(tmp_path / "data", "definition_changed")}
+    assert sorted(changed) == ["prompt", "tool"]  # one entry each, with both digests
+    detail = changed["tool"]
     assert detail["server"] == "up" and detail["name"] == "lookup" and detail["action"] == "withheld"
     assert detail["pinned_digest"] != detail["offered_digest"]
     refusals = [e for e in _entries(tmp_path / "data", "refused") if e["reason"] == "definition_changed"]
-    assert refusals and refusals[0]["tool"] == "lookup"
+    assert {e["tool"] for e in refusals} == {"lookup", "brief"}  # the call and the get, each audited
 
     listed = await _cli("pins", "list", *_admin(gateway))
     assert listed.returncode == 0, listed.stderr
@@ -238,7 +244,9 @@ async def test_lock_mode_serves_what_bastion_pin_wrote_and_refuses_the_rest(
     assert description == FIRST
     _refused(answer)
     refused = [e["detail"] for e in _entries(tmp_path / "data", "definition_changed")]
-    assert {(d["name"], d["action"]) for d in refused} == {("rug_pull", "refused"), ("lookup", "withheld")}
+    assert {(d["name"], d["action"]) for d in refused} == {
+        ("rug_pull", "refused"), ("lookup", "withheld"), ("brief", "withheld"),
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "postgres"])
