@@ -233,4 +233,9 @@ def _admin_router(gateway: Gateway) -> Router:
         lease_s=gateway.options.lease_s,
         idle_timeout_s=lambda: gateway.snapshot().gateway.transport_session_idle_s,
     )
+    from bastion.admin.pins import pin_routes
+
+    routes += pin_routes(
+        gateway.store, gate, clock=lambda: datetime.now(UTC), on_decided=gateway.pins_decided
+    )
     return Router(routes=routes)

@@ -63,6 +63,7 @@ from bastion.errors import (
 from bastion.ids import CallId, Epoch, ExecutionId, WorkerId, new_call_id
 from bastion.metrics import UNKNOWN_TOOL
 from bastion.param_headers import check_param_headers
+from bastion.pinning.book import check_not_withheld
 from bastion.policy.decide import RateLimiter, decide, visible_tools
 from bastion.policy.grants import Rate
 from bastion.policy.shared_limits import StoreRateLimiter
@@ -355,6 +356,7 @@ class ToolCallPath:
             # may not see; the audit keeps the truth (grant_denied, server, tool). Issue #12.
             await self._audit_refusal(scope, attempt, exc)
             raise UnknownTool(f"Unknown tool: {name}", tool=name, audited=True) from None
+        check_not_withheld(entry)  # issue 27: a changed definition is refused until approved
         if self._shared_limits is not None:
             await self._shared_limits.take(
                 decision.limits,

@@ -25,6 +25,7 @@
     │  ├─ TaskRequired (-32080: the upstream insists on a task, which is not relayed; issue 24)
     │  └─ ApprovalRefused (issue 27): ApprovalDenied (-32090)   ApprovalTimeout (-32091)
     │     ApprovalCancelled (-32092)   ApprovalMismatch (-32093: another binding's approval)
+    │  └─ DefinitionChanged (-32085: the upstream changed this definition; withheld until approved, #27)
     ├─ UpstreamError          UpstreamUnavailable   UpstreamTimeout   UpstreamProtocolError   OutcomeUnknown
     │  └─ UpstreamResponseTooLarge (an UpstreamProtocolError: a message over servers.NAME.max_response_bytes)
     │  └─ UpstreamCapacity (no process for this owner: a process bound is reached; nothing was sent)
@@ -59,6 +60,7 @@ __all__ = [
     "CallRefused",
     "ConfigError",
     "Conflict",
+    "DefinitionChanged",
     "DuplicateHeader",
     "ExecutionCollision",
     "ExecutionIdRequired",
@@ -155,6 +157,7 @@ class Reason(enum.StrEnum):
     EXECUTION_REPLAY = "execution_replay"
     EXECUTION_ID_REQUIRED = "execution_id_required"
     TASK_REQUIRED = "task_required"
+    DEFINITION_CHANGED = "definition_changed"
     INPUT_ROUND_UNKNOWN = "input_round_unknown"
     INPUT_ROUND_MISMATCH = "input_round_mismatch"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
@@ -513,6 +516,16 @@ class TaskRequired(CallRefused):
     reason = Reason.TASK_REQUIRED
     jsonrpc_code = -32080
     default_message = "This tool runs only as a task, and tasks are not relayed through this gateway"
+
+
+class DefinitionChanged(CallRefused):
+    """The upstream's definition differs from its pin: withheld until an operator approves it (issue 27)."""
+
+    reason = Reason.DEFINITION_CHANGED
+    jsonrpc_code = -32085
+    default_message = (
+        "This definition changed at the upstream and is withheld until an operator approves the change"
+    )
 
 
 # ---------------------------------------------------------------- upstream

@@ -45,6 +45,8 @@ from bastion.errors import BastionError, StoreError, WorkerSuperseded
 from bastion.ids import AgentId
 from bastion.methods import MethodRouter
 from bastion.metrics import CallMetrics
+from bastion.pinning.audit import PinAudit
+from bastion.pinning.book import PinBook
 from bastion.policy.decide import RateLimiter
 from bastion.policy.reload import SnapshotHolder
 from bastion.policy.shared_limits import StoreRateLimiter
@@ -73,6 +75,7 @@ from bastion.session.shared import SharedSessions
 from bastion.session.state import TransportSession
 from bastion.store.base import AgentSessionRecord, Store
 from bastion.store.health import StoreHealth
+from bastion.store.pins import PinRecord
 from bastion.tracing import Tracing, note_authentication
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.workers.attachment import AttachmentTracker
@@ -274,7 +277,12 @@ class Gateway:
         report_policy = self.policy_following.report_policy
         approval_decided = self.call_path.step_up.wake if self.call_path is not None else None
         links = start_replica_links(
-            self, task_group, store, report_policy=report_policy, approval_decided=approval_decided
+            self,
+            task_group,
+            store,
+            report_policy=report_policy,
+            approval_decided=approval_decided,
+            pins_changed=self.fleet.pins_changed,
         )
         self.shared, self.feed, self.follower = links.shared, links.feed, links.follower
         # (8) the upstreams, their runtimes recorded
@@ -290,6 +298,11 @@ class Gateway:
         )
         self._runtime_hook = self.runtimes.process_hook(self.policy.current.version)
         task_group.start_soon(self.runtimes.run)  # ended by runtimes.settle() at shutdown
+        # Issue 27: every listing admitted against its pins; lock files read now (refused: no start).
+        self.pin_audit = PinAudit(self.evidence_for, self.health.failed)
+        self.fleet.pins = PinBook.for_servers(
+            lambda: self.policy.current.servers, store, on_change=self.pin_audit.changed
+        )
         await self.fleet.start(task_group)
         # (9) the loops: heartbeat, store health, idle sweep, shared evidence rotation, peer takeover
         self.background.start_soon(task_group, self.membership.heartbeat_forever, self.health.failed)
@@ -424,6 +437,11 @@ class Gateway:
 
     async def revoked_elsewhere(self, agent_session_id: str) -> None:
         await self.revocations.revoked_elsewhere(agent_session_id)
+
+    async def pins_decided(self, pin: PinRecord, digest: str, previous: str, approve: bool) -> None:
+        """An operator decided a changed definition at this replica: audit it, apply it here now (#27)."""
+        await self.pin_audit.decided(pin, digest, previous, approve=approve)
+        await self.fleet.pins_changed(pin.server)
 
     async def reload_policy(self) -> dict[str, Any]:
         return await self.policy_following.reload_policy()

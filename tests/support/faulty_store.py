@@ -44,6 +44,7 @@ from bastion.store.base import (
 )
 from bastion.store.token_buckets import BucketTake, TokensRefused
 from tests.support.approvals_passthrough import ApprovalStorePassthrough
+from tests.support.pins_passthrough import PinStorePassthrough
 from tests.support.replicas_passthrough import ReplicaRecordsPassthrough
 from tests.support.tasks_passthrough import TaskStorePassthrough
 
@@ -76,7 +77,9 @@ FailPoint = Literal[
 FailWhen = Literal["before_commit", "after_commit"]
 
 
-class FaultyStore(ReplicaRecordsPassthrough, TaskStorePassthrough, ApprovalStorePassthrough):
+class FaultyStore(
+    ReplicaRecordsPassthrough, TaskStorePassthrough, ApprovalStorePassthrough, PinStorePassthrough
+):
     """Wraps ``inner`` and makes ``fail_at`` raise :class:`NotDurable` ``times`` times."""
 
     def __init__(

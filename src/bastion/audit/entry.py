@@ -62,6 +62,8 @@ class AuditEvent(enum.StrEnum):
     APPROVAL_DENIED = "approval_denied"
     APPROVAL_TIMED_OUT = "approval_timed_out"
     APPROVAL_CANCELLED = "approval_cancelled"
+    DEFINITION_CHANGED = "definition_changed"  # an upstream definition differs from its pin (issue 27)
+    PIN_DECIDED = "pin_decided"  # an operator approved or rejected a changed definition (issue 27)
 
 
 class Decision(enum.StrEnum):

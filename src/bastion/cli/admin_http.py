@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["AdminArgumentsUnusable", "admin_get", "print_table", "read_secret"]
+__all__ = ["AdminArgumentsUnusable", "admin_get", "admin_post", "print_table", "read_secret"]
 
 
 class AdminArgumentsUnusable(Exception):
@@ -29,12 +29,36 @@ def admin_get(
     timeout: float,
     http: httpx.Client | None,
     err: TextIO,
-    post: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """The JSON object at ``<gateway>/admin/...``, or ``None`` after saying on ``err`` why not.
+    """The JSON object at ``<gateway>/admin/...``, or ``None`` after saying on ``err`` why not."""
+    return _admin_request("GET", url, admin_token_file, path, None, timeout=timeout, http=http, err=err)
 
-    With ``post``, a ``POST`` of that JSON body instead of a ``GET``.
-    """
+
+def admin_post(
+    url: str,
+    admin_token_file: Path | None,
+    path: str,
+    body: dict[str, Any],
+    *,
+    timeout: float,
+    http: httpx.Client | None,
+    err: TextIO,
+) -> dict[str, Any] | None:
+    """POST ``body`` to ``<gateway>/admin/...``: its JSON answer, or ``None`` after saying why not."""
+    return _admin_request("POST", url, admin_token_file, path, body, timeout=timeout, http=http, err=err)
+
+
+def _admin_request(
+    method: str,
+    url: str,
+    admin_token_file: Path | None,
+    path: str,
+    body: dict[str, Any] | None,
+    *,
+    timeout: float,
+    http: httpx.Client | None,
+    err: TextIO,
+) -> dict[str, Any] | None:
     import httpx
 
     if admin_token_file is None:
@@ -45,9 +69,9 @@ def admin_get(
     try:
         if http is None:
             with httpx.Client(timeout=timeout) as client:
-                response = _send(client, base + path, headers, post)
+                response = client.request(method, base + path, headers=headers, json=body)
         else:
-            response = _send(http, base + path, headers, post)
+            response = http.request(method, base + path, headers=headers, json=body)
     except httpx.HTTPError as exc:
         print(f"bastion: cannot reach the admin API at {base}: {type(exc).__name__}", file=err)
         return None
@@ -63,12 +87,6 @@ def admin_get(
         print(f"bastion: {error.get('reason', response.status_code)}: {error.get('message', '')}", file=err)
         return None
     return answer
-
-
-def _send(
-    client: httpx.Client, url: str, headers: dict[str, str], post: dict[str, Any] | None
-) -> httpx.Response:
-    return client.get(url, headers=headers) if post is None else client.post(url, headers=headers, json=post)
 
 
 def read_secret(path: Path, what: str = "admin token") -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote, urlencode
 
-from bastion.cli.admin_http import AdminArgumentsUnusable, admin_get, print_table
+from bastion.cli.admin_http import AdminArgumentsUnusable, admin_get, admin_post, print_table
 
 if TYPE_CHECKING:
     import httpx
@@ -81,9 +81,12 @@ def run_approvals(
             path += "/" + action
             post = {} if args.note is None else {"note": args.note}
     try:
-        answer = admin_get(
-            str(args.url), args.token_file, path, timeout=args.timeout, http=http, err=err, post=post
-        )
+        if post is None:
+            answer = admin_get(str(args.url), args.token_file, path, timeout=args.timeout, http=http, err=err)
+        else:
+            answer = admin_post(
+                str(args.url), args.token_file, path, post, timeout=args.timeout, http=http, err=err
+            )
     except AdminArgumentsUnusable as exc:
         print(f"bastion: {exc}", file=err)
         return 2

@@ -138,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     from bastion.cli.agent_session_cmd import add_agent_session_parser
     from bastion.cli.approvals_cmd import add_approvals_parser
     from bastion.cli.connect_cmd import add_connect_parser
+    from bastion.cli.pin_cmd import add_pin_parser
+    from bastion.cli.pins_cmd import add_pins_parser
     from bastion.cli.sessions_cmd import add_sessions_parser
     from bastion.cli.workers_cmd import add_workers_parser
 
@@ -146,6 +148,8 @@ def _parser() -> argparse.ArgumentParser:
     add_workers_parser(sub)
     add_sessions_parser(sub)
     add_approvals_parser(sub)
+    add_pins_parser(sub)
+    add_pin_parser(sub)
     return parser
 
 
@@ -268,6 +272,14 @@ def _run(argv: list[str] | None) -> int:
         from bastion.cli.approvals_cmd import run_approvals
 
         return run_approvals(args)
+    if args.command == "pins":
+        from bastion.cli.pins_cmd import run_pins
+
+        return run_pins(args)
+    if args.command == "pin":
+        from bastion.cli.pin_cmd import run_pin
+
+        return run_pin(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 

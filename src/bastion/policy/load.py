@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from bastion.auth.oauth import ClaimRules, OAuthSettings
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
+from bastion.pinning.modes import PIN_KEYS, read_pinning
 from bastion.policy.approval_rules import read_approval_rule, read_approvers
 from bastion.policy.grants import Grant, Rate, Subject, SubjectKind, check_arguments_schema
 from bastion.policy.load_context import LoadContext as _Context
@@ -59,7 +60,9 @@ _TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants", "auth", "requir
 _REQUIREMENT_KEYS = frozenset({"agent", "team", "namespaces"})
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "scope", "max_processes", "process_idle_s"})
-_SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s", "transparent", "audit_contents"}
+_SERVER_KEYS = (
+    _HTTP_KEYS | _STDIO_KEYS | PIN_KEYS | {"namespace", "timeout_s", "transparent", "audit_contents"}
+)
 _SERVER_KEYS |= {"max_response_bytes"}
 _AGENT_KEYS = frozenset({"token_sha256", "anonymous"})
 _SUBJECT_KEYS = frozenset(kind.value for kind in SubjectKind)
@@ -284,7 +287,7 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
     audit_contents = table.get("audit_contents", False)
     if not isinstance(audit_contents, bool):
         raise ctx.error(f"{key}.audit_contents", "must be true or false")
-    bounds: dict[str, Any] = {}
+    bounds: dict[str, Any] = read_pinning(table, key, ctx.source, ctx.error)  # issue 27
     if "max_response_bytes" in table:
         limit = bounds["max_response_bytes"] = ctx.integer(
             table["max_response_bytes"], f"{key}.max_response_bytes"

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from bastion.auth.oauth import OAuthSettings
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
+from bastion.pinning.modes import PinChanged, PinMode
 from bastion.policy.grants import Grant
 from bastion.workers.attachment import NamespaceRequirements
 
@@ -174,6 +175,10 @@ class ServerSpec:
     scope: ProcessScope = ProcessScope.TRANSPORT_SESSION
     max_processes: int = 32
     process_idle_s: float = 300.0
+    # Issue 27: how this server's definitions are pinned, and what a changed one does (pinning/).
+    pinning: PinMode = PinMode.TOFU
+    pin_changed: PinChanged = PinChanged.WITHHOLD
+    pin_lock_file: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "headers", _frozen_map(self.headers))

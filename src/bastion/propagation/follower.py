@@ -17,6 +17,9 @@ One :class:`ReplicaFollower` per gateway. It applies each change of the feed:
   across replicas as it does within one.
 - ``approval_decided`` (issue 27): an approval request was decided at some
   replica: wake the call waiting on it here, if any (``approvals/waiters.py``).
+- ``pins_changed``: an operator decided a changed definition (issue 27):
+  read that server's pins again and list it again, so the approved
+  definition is served (or the rejected one stays withheld) here too.
 - ``policy_reloaded``: another replica reloaded its configuration: reload
   ours, so the fleet converges; a replica whose file differs shows as behind
   (``propagation/policy_status.py``).
@@ -59,8 +62,10 @@ class ReplicaFollower:
         policy_version: Callable[[], str],
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         approval_decided: Callable[[str], None] | None = None,
+        pins_changed: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self._approval_decided = approval_decided
+        self._pins_changed = pins_changed
         self._store = store
         self._registry = registry
         self._worker = worker
@@ -91,6 +96,8 @@ class ReplicaFollower:
                 await self._close_locally(transport_session, str(reason))
         elif change.kind is ChangeKind.APPROVAL_DECIDED and self._approval_decided is not None:
             self._approval_decided(change.subject)  # a call waiting here reads the decision
+        elif change.kind is ChangeKind.PINS_CHANGED and self._pins_changed is not None:
+            await self._pins_changed(change.subject)  # a decision made anywhere, here included
         elif change.kind is ChangeKind.REQUEST_CANCELLED and not own:
             self._apply_cancel(change)
         elif change.kind is ChangeKind.CLIENT_REPLIED and not own:

@@ -44,6 +44,7 @@ def start_replica_links(
     *,
     report_policy: Callable[[], Awaitable[None]],
     approval_decided: Callable[[str], None] | None = None,
+    pins_changed: Callable[[str], Awaitable[None]] | None = None,
 ) -> ReplicaLinks:
     """Shared transport sessions, the change feed, policy reports: what makes replicas interchangeable."""
     assert host.membership is not None
@@ -65,6 +66,7 @@ def start_replica_links(
         reload_policy=host.follow_policy_reload,
         policy_version=lambda: host.policy.current.version,
         approval_decided=approval_decided,
+        pins_changed=pins_changed,
     )
 
     async def follow() -> None:

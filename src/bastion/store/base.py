@@ -66,6 +66,7 @@ from bastion.store.executions import (
     Reserved,
     ReserveOutcome,
 )
+from bastion.store.pins import PinStore
 from bastion.store.replicas import ReplicaRecords
 from bastion.store.tasks import TaskStore
 from bastion.store.token_buckets import TokenBucketStore
@@ -115,6 +116,7 @@ class Store(
     TokenBucketStore,
     TaskStore,
     ApprovalStore,
+    PinStore,
     Protocol,
 ):
     """The one storage contract. Every method is a coroutine; times are timezone-aware.

@@ -40,6 +40,7 @@ from bastion.store.base import (
     WorkerRecord,
 )
 from bastion.store.ops import agent_sessions, chains, executions, owners, token_buckets, workers
+from bastion.store.pin_operations import PinOperations
 from bastion.store.replica_operations import ReplicaRecordOperations
 from bastion.store.rows import (
     SELECT_CHAIN,
@@ -61,7 +62,7 @@ __all__ = ["StoreOperations"]
 T = TypeVar("T")
 
 
-class StoreOperations(ReplicaRecordOperations, TaskOperations, ApprovalOperations):
+class StoreOperations(ReplicaRecordOperations, TaskOperations, ApprovalOperations, PinOperations):
     """Every contract method, over :meth:`_write` and :meth:`_read`."""
 
     async def _write(self, op: OpFactory[T]) -> T:

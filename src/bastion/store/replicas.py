@@ -58,6 +58,7 @@ class ChangeKind(enum.StrEnum):
     CLIENT_REPLIED = "client_replied"  # subject: session key; detail: {relay_id, reply}
     POLICY_RELOADED = "policy_reloaded"  # subject: policy version
     APPROVAL_DECIDED = "approval_decided"  # subject: approval_id (issue 27; written by decide_approval)
+    PINS_CHANGED = "pins_changed"  # subject: server; detail: {kind, name, digest, approved} (issue 27)
 
 
 @dataclass(frozen=True, slots=True)

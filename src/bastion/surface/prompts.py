@@ -17,7 +17,14 @@ from typing import Any
 from bastion.admission.rounds import RoundStates
 from bastion.call import strip_reserved_meta
 from bastion.caller import Caller
-from bastion.errors import ArgumentConstraintFailed, GrantDenied, InvalidParams, UnknownPrompt
+from bastion.errors import (
+    ArgumentConstraintFailed,
+    DefinitionChanged,
+    GrantDenied,
+    InvalidParams,
+    UnknownPrompt,
+)
+from bastion.pinning.book import check_not_withheld
 from bastion.policy.decide import SurfaceKind, decide_surface, surface_visible
 from bastion.policy.snapshot import Snapshot
 from bastion.surface.limits import SurfaceLimits
@@ -97,6 +104,11 @@ class PromptPath:
             await record.refused(exc)
             raise unknown from None
         except ArgumentConstraintFailed as exc:
+            await record.refused(exc)
+            raise
+        try:
+            check_not_withheld(entry)  # issue 27: a changed prompt is refused until approved
+        except DefinitionChanged as exc:
             await record.refused(exc)
             raise
         await record.charge(self._limits, decision)

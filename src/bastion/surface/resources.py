@@ -22,6 +22,7 @@ from bastion.admission.rounds import RoundStates
 from bastion.call import strip_reserved_meta
 from bastion.caller import Caller
 from bastion.errors import InvalidParams, UpstreamError
+from bastion.pinning.templates import admit_templates
 from bastion.policy.decide import SurfaceKind, surface_visible
 from bastion.policy.snapshot import Snapshot
 from bastion.surface.limits import SurfaceLimits
@@ -89,7 +90,10 @@ class ResourcePath:
                 continue
             transparent = self._fleet.is_transparent(server)
             hidden = False
-            for item in result.get(key) or []:
+            listed = result.get(key) or []
+            if method == "resources/templates/list":  # issue 27: templates are pinned as they pass
+                listed = await admit_templates(self._fleet.pins, server, upstream.namespace, listed)
+            for item in listed:
                 original = item.get(uri_field) if isinstance(item, dict) else None
                 if not isinstance(original, str):
                     hidden = True

@@ -31,6 +31,9 @@ class ToolEntry:
     namespace: str
     upstream_name: str
     definition: Mapping[str, Any]
+    # Issue 27: the digest of the upstream's changed definition this entry stands in for, shown
+    # with its pinned definition and refused at call (pinning/book.py); None when it is the pin.
+    withheld: str | None = None
 
     @property
     def read_only(self) -> bool:

@@ -29,7 +29,9 @@ import anyio.abc
 
 from bastion.background import BackgroundTasks
 from bastion.errors import ConfigError, UpstreamError
+from bastion.pinning.book import PinBook
 from bastion.policy.snapshot import TOOL_NAME_RULE, ServerSpec, Snapshot, UpstreamKind
+from bastion.store.pins import PinKind
 from bastion.upstream.base import CallContext, Upstream, UpstreamHealth, UpstreamReplied, UpstreamSessions
 from bastion.upstream.capability_sets import capability_key
 from bastion.upstream.catalog import Collision, ToolEntry, all_collisions, exposed_name, merge_catalog
@@ -95,6 +97,8 @@ class UpstreamFleet:
         self._view_lock = anyio.Lock()
         self.generation = 0  # rises whenever any server's tools are listed again
         self._background = BackgroundTasks()
+        # Issue 27: every listing is admitted against its pins (pinning/book.py); None: unpinned.
+        self.pins: PinBook | None = None
         # Active health for HTTP upstreams (issue #11): stdio processes are supervised instead.
         self.probers = {
             name: UpstreamProber(upstream, on_reconnected=self._list_changed, schedule=health_schedule)
@@ -226,6 +230,7 @@ class UpstreamFleet:
             for p in prompts
             if isinstance(p.get("name"), str) and p["name"]
         ]
+        entries = await self._pinned(name, PinKind.PROMPT, entries)
         async with self._refresh_lock:
             self._prompts_by_server[name] = entries
             merged, self.prompt_collisions = merge_catalog(self._prompts_by_server, self._prompt_catalog)
@@ -242,6 +247,7 @@ class UpstreamFleet:
             return
         await self.refresh_prompts(name)
         entries, skipped = self._entries(name, tools)
+        entries = await self._pinned(name, PinKind.TOOL, entries)
         if skipped:
             logger.warning("upstream %s: tools left out, names break the client rule: %s", name, skipped)
         async with self._refresh_lock:
@@ -306,7 +312,8 @@ class UpstreamFleet:
                 and upstream.health().connected
             ):
                 try:
-                    tools_by_server[name] = self._entries(name, await upstream.list_tools_own(ctx))[0]
+                    listed = self._entries(name, await upstream.list_tools_own(ctx))[0]
+                    tools_by_server[name] = await self._pinned(name, PinKind.TOOL, listed)
                 except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
                     logger.warning("listing tools of upstream %s for a client failed: %s", name, exc)
             elif isinstance(upstream, StdioUpstream):
@@ -315,7 +322,8 @@ class UpstreamFleet:
                 if process is None or not process.health().connected:
                     continue
                 try:
-                    tools_by_server[name] = self._entries(name, await process.list_tools())[0]
+                    listed = self._entries(name, await process.list_tools())[0]
+                    tools_by_server[name] = await self._pinned(name, PinKind.TOOL, listed)
                 except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
                     logger.warning("listing tools of upstream %s for a client failed: %s", name, exc)
         merged = self._merge_view(tools_by_server)
@@ -363,7 +371,7 @@ class UpstreamFleet:
                 except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
                     logger.warning("listing tools of upstream %s for a capability set failed: %s", name, exc)
                     continue
-                tools_by_server[name] = self._entries(name, tools)[0]
+                tools_by_server[name] = await self._pinned(name, PinKind.TOOL, self._entries(name, tools)[0])
             held = (tools_by_server, self._merge_view(tools_by_server))
             if generation == self.generation:  # a list change while listing: serve it, keep nothing
                 self._views[key] = held
@@ -406,12 +414,21 @@ class UpstreamFleet:
             )
         return entries, skipped
 
+    async def _pinned(self, server: str, kind: PinKind, entries: list[ToolEntry]) -> list[ToolEntry]:
+        return entries if self.pins is None else await self.pins.admit(server, kind, entries)
+
     async def _surface_changed(self, server: str, method: str) -> None:
         """An upstream's prompts or resources changed: refresh the prompt catalog, then tell clients."""
         if method == "notifications/prompts/list_changed":
             await self.refresh_prompts(server)
         if self._on_surface_changed is not None:
             await self._on_surface_changed(server, method)
+
+    async def pins_changed(self, server: str) -> None:
+        """A pin of ``server`` was decided (here or at a replica): read its pins, list it again (issue 27)."""
+        if self.pins is not None and server in self.upstreams:
+            self.pins.forget(server)
+            await self._list_changed(server)
 
     async def _list_changed(self, server: str) -> None:
         await self.refresh_server(server)

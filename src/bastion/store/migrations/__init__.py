@@ -18,7 +18,8 @@ from bastion.store.migrations import (
     postgres_0004_replicas,
     postgres_0005_store_owners,
     postgres_0006_tasks,
-    postgres_0009_approvals,
+    postgres_0007_pins,
+    postgres_0008_approvals,
     sqlite_0001_initial,
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
@@ -29,7 +30,8 @@ from bastion.store.migrations import (
     sqlite_0008_entries_appended,
     sqlite_0009_store_owner,
     sqlite_0010_tasks,
-    sqlite_0013_approvals,
+    sqlite_0011_pins,
+    sqlite_0012_approvals,
 )
 
 __all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS", "Migration"]
@@ -53,10 +55,8 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "entries_appended", sqlite_0008_entries_appended.STATEMENTS),
     Migration(9, "store_owner", sqlite_0009_store_owner.STATEMENTS),
     Migration(10, "tasks", sqlite_0010_tasks.STATEMENTS),
-    # 11 and 12 are other branches' (issue 27 took 13): placeholders until they are merged.
-    Migration(11, "reserved_11", ()),
-    Migration(12, "reserved_12", ()),
-    Migration(13, "approvals", sqlite_0013_approvals.STATEMENTS),
+    Migration(11, "pins", sqlite_0011_pins.STATEMENTS),
+    Migration(12, "approvals", sqlite_0012_approvals.STATEMENTS),
 )
 
 POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
@@ -66,10 +66,8 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "replicas", postgres_0004_replicas.STATEMENTS),
     Migration(5, "store_owners", postgres_0005_store_owners.STATEMENTS),
     Migration(6, "tasks", postgres_0006_tasks.STATEMENTS),
-    # 7 and 8 are other branches' (issue 27 took 9): placeholders until they are merged.
-    Migration(7, "reserved_7", ()),
-    Migration(8, "reserved_8", ()),
-    Migration(9, "approvals", postgres_0009_approvals.STATEMENTS),
+    Migration(7, "pins", postgres_0007_pins.STATEMENTS),
+    Migration(8, "approvals", postgres_0008_approvals.STATEMENTS),
 )
 
 # Each list is dense and ordered: migration n sits at index n - 1.

@@ -1,8 +1,6 @@
-"""PostgreSQL schema version 9: step-up approval requests, as SQLite's version 13 has them (issue 27).
+"""PostgreSQL schema version 8: step-up approval requests, as SQLite's version 12 has them (issue 27).
 
-Same columns and meanings as ``store/migrations/sqlite_0013_approvals.py``.
-Numbered 9 as the task assigned; versions 7 and 8 are other branches' and stand
-here as empty placeholders until those branches are merged.
+Same columns and meanings as ``store/migrations/sqlite_0012_approvals.py``.
 """
 
 from __future__ import annotations

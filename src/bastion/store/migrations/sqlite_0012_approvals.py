@@ -1,4 +1,4 @@
-"""SQLite schema version 13: step-up approval requests (issue 27, ``store/approvals.py``).
+"""SQLite schema version 12: step-up approval requests (issue 27, ``store/approvals.py``).
 
 One row per request; ``state`` moves from ``pending`` once. At most one live
 request (pending, approved, denied) per ``(agent, execution_id)``: a partial
@@ -6,9 +6,6 @@ unique index, so two attempts of one execution never ask twice. ``approvers``
 is a JSON array of approver names; ``arguments`` the call's arguments as JSON,
 only when the grant shows them to the approver. Times are integer microseconds
 since the UNIX epoch (UTC).
-
-Numbered 13 as the task assigned; versions 11 and 12 are other branches' and
-stand here as empty placeholders until those branches are merged.
 """
 
 from __future__ import annotations
