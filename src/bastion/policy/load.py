@@ -8,9 +8,10 @@ defect. It refuses every unknown key, because a typo must never silently
 weaken policy (DESIGN section 9). It must never print or embed in an error the
 value of a setting or of an environment variable: values may be credentials.
 
-The flat tables (``[gateway]``, ``[store]``, ``[auth]``, ``[auth.oauth]``) are typed
+``[gateway]``, ``[servers.NAME]``, ``[store]``, ``[auth]`` and ``[auth.oauth]`` are typed
 models (``policy/tables.py``: types, unknown and missing keys, each error at its key
-path); their meaning and every other table are checked here. ``policy/load_context.py``
+path); their meaning, and ``[agents.*]``, ``[[grants]]`` and ``[[requirements]]``, are
+checked here. ``policy/load_context.py``
 holds what both share: the file errors name, key paths, type names, ``${NAME}``.
 """
 
@@ -42,7 +43,7 @@ from bastion.policy.snapshot import (
     Snapshot,
     UpstreamKind,
 )
-from bastion.policy.tables import AuthTable, GatewayTable, StoreTable, read_table
+from bastion.policy.tables import AuthTable, GatewayTable, ServerTable, StoreTable, read_table
 from bastion.store.dsn import is_postgres_url
 from bastion.workers.attachment import NamespaceRequirement, NamespaceRequirements
 
@@ -58,8 +59,7 @@ _TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants", "auth", "requir
 _REQUIREMENT_KEYS = frozenset({"agent", "team", "namespaces"})
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "scope", "max_processes", "process_idle_s"})
-_SERVER_KEYS = _HTTP_KEYS | _STDIO_KEYS | {"namespace", "timeout_s", "transparent", "audit_contents"}
-_SERVER_KEYS |= {"max_response_bytes"}
+_SERVER_KEYS = frozenset(ServerTable.model_fields)
 _AGENT_KEYS = frozenset({"token_sha256", "anonymous"})
 _SUBJECT_KEYS = frozenset(kind.value for kind in SubjectKind)
 _GRANT_KEYS = _SUBJECT_KEYS | {
@@ -270,29 +270,26 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
         raise ctx.error(key, "has both url and command: a server is either http (url) or stdio (command)")
     if not has_url and not has_command:
         raise ctx.error(key, "missing key: a server needs url (http) or command (stdio)")
-    namespace = ctx.string(table["namespace"], f"{key}.namespace") if "namespace" in table else name
-    timeout_s = ctx.number(table["timeout_s"], f"{key}.timeout_s") if "timeout_s" in table else None
-    transparent = table.get("transparent", False)
-    if not isinstance(transparent, bool):
-        raise ctx.error(f"{key}.transparent", "must be true or false")
-    audit_contents = table.get("audit_contents", False)
-    if not isinstance(audit_contents, bool):
-        raise ctx.error(f"{key}.audit_contents", "must be true or false")
+    # A key of the other kind is named as such, whatever its value (before any type is checked).
+    stray = [other for other in sorted(_STDIO_KEYS if has_url else _HTTP_KEYS) if other in table]
+    if stray:
+        takes = "only a stdio server (command)" if has_url else "only an http server (url)"
+        raise ctx.error(f"{key}.{stray[0]}", f"{takes} takes this key")
+    fields = read_table(ctx, ServerTable, table, key).given()
+    namespace = fields.get("namespace", name)
+    timeout_s = fields.get("timeout_s")
+    transparent = fields.get("transparent", False)
+    audit_contents = fields.get("audit_contents", False)
     bounds: dict[str, Any] = {}
-    if "max_response_bytes" in table:
-        limit = bounds["max_response_bytes"] = ctx.integer(
-            table["max_response_bytes"], f"{key}.max_response_bytes"
-        )
+    if "max_response_bytes" in fields:
+        limit = bounds["max_response_bytes"] = fields["max_response_bytes"]
         if limit < MIN_MAX_RESPONSE_BYTES:
             raise ctx.error(f"{key}.max_response_bytes", f"must be at least {MIN_MAX_RESPONSE_BYTES}")
     if has_url:
-        stray = [other for other in sorted(_STDIO_KEYS) if other in table]
-        if stray:
-            raise ctx.error(f"{key}.{stray[0]}", "only a stdio server (command) takes this key")
-        url = ctx.string(table["url"], f"{key}.url")
+        url = fields["url"]
         _check_url(ctx, url, f"{key}.url")
-        headers = _read_headers(ctx, table.get("headers"), f"{key}.headers")
-        era = ctx.string(table["era"], f"{key}.era") if "era" in table else "auto"
+        headers = _read_headers(ctx, fields.get("headers"), f"{key}.headers")
+        era = fields.get("era", "auto")
         if era not in ("auto", "session", "sessionless"):
             raise ctx.error(f"{key}.era", "must be one of auto, session, sessionless")
         return ctx.build(
@@ -308,16 +305,13 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
             audit_contents=audit_contents,
             **bounds,
         )
-    stray = [other for other in sorted(_HTTP_KEYS) if other in table]
-    if stray:
-        raise ctx.error(f"{key}.{stray[0]}", "only an http server (url) takes this key")
-    command = ctx.string(table["command"], f"{key}.command")
+    command = fields["command"]
     if not command:
         raise ctx.error(f"{key}.command", "must not be empty")
-    args = ctx.string_list(table["args"], f"{key}.args") if "args" in table else []
-    env = _read_env(ctx, table.get("env"), f"{key}.env")
-    cwd = ctx.string(table["cwd"], f"{key}.cwd") if "cwd" in table else None
-    bounds.update(_read_process_scope(ctx, table, key))
+    args = fields.get("args", [])
+    env = _read_env(ctx, fields.get("env"), f"{key}.env")
+    cwd = fields.get("cwd")
+    bounds.update(_read_process_scope(ctx, fields, key))
     return ctx.build(
         ServerSpec,
         name=name,
