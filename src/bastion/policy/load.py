@@ -8,11 +8,11 @@ defect. It refuses every unknown key, because a typo must never silently
 weaken policy (DESIGN section 9). It must never print or embed in an error the
 value of a setting or of an environment variable: values may be credentials.
 
-``[gateway]``, ``[servers.NAME]``, ``[store]``, ``[auth]`` and ``[auth.oauth]`` are typed
-models (``policy/tables.py``: types, unknown and missing keys, each error at its key
-path); their meaning, and ``[agents.*]``, ``[[grants]]`` and ``[[requirements]]``, are
-checked here. ``policy/load_context.py``
-holds what both share: the file errors name, key paths, type names, ``${NAME}``.
+``[gateway]``, ``[servers.NAME]``, ``[agents.NAME]``, ``[store]``, ``[auth]`` and
+``[auth.oauth]`` are typed models (``policy/tables.py``: types, unknown and missing
+keys, each error at its key path); what their values mean, and ``[[grants]]`` and
+``[[requirements]]``, are checked here. ``policy/load_context.py`` holds what both
+share: the file errors name, key paths, type names, ``${NAME}``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from bastion.policy.snapshot import (
     Snapshot,
     UpstreamKind,
 )
-from bastion.policy.tables import AuthTable, GatewayTable, ServerTable, StoreTable, read_table
+from bastion.policy.tables import AgentTable, AuthTable, GatewayTable, ServerTable, StoreTable, read_table
 from bastion.store.dsn import is_postgres_url
 from bastion.workers.attachment import NamespaceRequirement, NamespaceRequirements
 
@@ -60,7 +60,6 @@ _REQUIREMENT_KEYS = frozenset({"agent", "team", "namespaces"})
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "scope", "max_processes", "process_idle_s"})
 _SERVER_KEYS = frozenset(ServerTable.model_fields)
-_AGENT_KEYS = frozenset({"token_sha256", "anonymous"})
 _SUBJECT_KEYS = frozenset(kind.value for kind in SubjectKind)
 _GRANT_KEYS = _SUBJECT_KEYS | {
     "name",
@@ -396,20 +395,18 @@ def _read_agents(ctx: _Context, value: Any) -> list[AgentSpec]:
     agents: list[AgentSpec] = []
     for name, agent_value in table.items():
         key = _key_path("agents", name)
-        agent = ctx.table(agent_value, key)
-        ctx.refuse_unknown(agent, _AGENT_KEYS, key)
-        anonymous = agent.get("anonymous", False)
-        if not isinstance(anonymous, bool):
-            raise ctx.error(f"{key}.anonymous", "must be true or false")
-        if anonymous:
-            if "token_sha256" in agent:
-                raise ctx.error(f"{key}.token_sha256", "an anonymous agent has no token")
+        raw = ctx.table(agent_value, key)
+        ctx.refuse_unknown(raw, frozenset(AgentTable.model_fields), key)
+        if raw.get("anonymous") is True and "token_sha256" in raw:
+            # A token beside anonymous = true is the defect, whatever its value.
+            raise ctx.error(f"{key}.token_sha256", "an anonymous agent has no token")
+        agent = read_table(ctx, AgentTable, raw, key).given()
+        if agent.get("anonymous", False):
             agents.append(ctx.build(AgentSpec, name=AgentId(name), anonymous=True))
             continue
         if "token_sha256" not in agent:
             raise ctx.error(f"{key}.token_sha256", "missing key: the SHA-256 of the agent's bearer token")
-        token_sha256 = ctx.string(agent["token_sha256"], f"{key}.token_sha256")
-        agents.append(ctx.build(AgentSpec, name=AgentId(name), token_sha256=token_sha256))
+        agents.append(ctx.build(AgentSpec, name=AgentId(name), token_sha256=agent["token_sha256"]))
     return agents
 
 

@@ -1,5 +1,5 @@
-"""Typed models of the configuration's tables: ``[gateway]``, ``[servers.NAME]``, ``[store]``,
-``[auth]`` and ``[auth.oauth]`` (issue 26; ``docs/configuration.md``).
+"""Typed models of the configuration's tables: ``[gateway]``, ``[servers.NAME]``,
+``[agents.NAME]``, ``[store]``, ``[auth]`` and ``[auth.oauth]`` (issue 26; ``docs/configuration.md``).
 
 Owns the type of every key of those tables and how a pydantic error becomes a
 :class:`ConfigError` that names the file, the key path as the file spells it
@@ -21,7 +21,7 @@ from pydantic_core import ErrorDetails
 from bastion.errors import ConfigError
 from bastion.policy.load_context import LoadContext, key_path, type_name
 
-__all__ = ["AuthTable", "GatewayTable", "OAuthTable", "ServerTable", "StoreTable", "read_table"]
+__all__ = ["AgentTable", "AuthTable", "GatewayTable", "OAuthTable", "ServerTable", "StoreTable", "read_table"]
 
 _M = TypeVar("_M", bound="_Table")
 
@@ -105,6 +105,15 @@ class ServerTable(_Table):
     scope: str | None = None
     max_processes: int | None = None
     process_idle_s: float | None = None
+
+
+class AgentTable(_Table):
+    """One ``[agents.NAME]`` table: a token's SHA-256, or ``anonymous = true`` (``load.py`` decides)."""
+
+    defects: ClassVar[Mapping[str, str]] = {"anonymous": "must be true or false"}
+
+    token_sha256: str | None = None
+    anonymous: bool | None = None
 
 
 class StoreTable(_Table):

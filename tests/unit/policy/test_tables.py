@@ -92,6 +92,18 @@ def refusal(section: str, table: Any) -> ConfigError:
             id="server-key-type",
         ),
         pytest.param(
+            "agents",
+            {"demo": {"anonymous": True, "token_sha256": 3}},
+            "agents.demo.token_sha256: an anonymous agent has no token",
+            id="a-token-beside-anonymous-whatever-its-type",
+        ),
+        pytest.param(
+            "agents",
+            {"demo": {"anonymous": "yes"}},
+            "agents.demo.anonymous: must be true or false",
+            id="anonymous-keeps-its-own-words",
+        ),
+        pytest.param(
             "store", {"url": 5}, "store.url: expected a string, got an integer", id="store-url-type"
         ),
     ],
