@@ -8,10 +8,11 @@ defect. It refuses every unknown key, because a typo must never silently
 weaken policy (DESIGN section 9). It must never print or embed in an error the
 value of a setting or of an environment variable: values may be credentials.
 
-The flat tables (``[gateway]``, ``[store]``, ``[auth]``, ``[auth.oauth]``) are typed
-models (``policy/tables.py``: types, unknown and missing keys, each error at its key
-path); their meaning and every other table are checked here. ``policy/load_context.py``
-holds what both share: the file errors name, key paths, type names, ``${NAME}``.
+``[gateway]``, ``[servers.NAME]``, ``[agents.NAME]``, ``[store]``, ``[auth]`` and
+``[auth.oauth]`` are typed models (``policy/tables.py``: types, unknown and missing
+keys, each error at its key path); what their values mean, and ``[[grants]]`` and
+``[[requirements]]``, are checked here. ``policy/load_context.py`` holds what both
+share: the file errors name, key paths, type names, ``${NAME}``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from urllib.parse import urlsplit
 from bastion.auth.oauth import ClaimRules, OAuthSettings
 from bastion.errors import ConfigError
 from bastion.ids import AgentId
-from bastion.pinning.modes import PIN_KEYS, read_pinning
+from bastion.pinning.modes import read_pinning
 from bastion.policy.approval_rules import read_approval_rule, read_approvers
 from bastion.policy.grants import Grant, Rate, Subject, SubjectKind, check_arguments_schema
 from bastion.policy.load_context import LoadContext as _Context
@@ -44,7 +45,7 @@ from bastion.policy.snapshot import (
     Snapshot,
     UpstreamKind,
 )
-from bastion.policy.tables import AuthTable, GatewayTable, StoreTable, read_table
+from bastion.policy.tables import AgentTable, AuthTable, GatewayTable, ServerTable, StoreTable, read_table
 from bastion.store.dsn import is_postgres_url
 from bastion.workers.attachment import NamespaceRequirement, NamespaceRequirements
 
@@ -60,11 +61,7 @@ _TOP_KEYS = frozenset({"gateway", "servers", "agents", "grants", "auth", "requir
 _REQUIREMENT_KEYS = frozenset({"agent", "team", "namespaces"})
 _HTTP_KEYS = frozenset({"url", "headers", "era"})
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "scope", "max_processes", "process_idle_s"})
-_SERVER_KEYS = (
-    _HTTP_KEYS | _STDIO_KEYS | PIN_KEYS | {"namespace", "timeout_s", "transparent", "audit_contents"}
-)
-_SERVER_KEYS |= {"max_response_bytes"}
-_AGENT_KEYS = frozenset({"token_sha256", "anonymous"})
+_SERVER_KEYS = frozenset(ServerTable.model_fields)
 _SUBJECT_KEYS = frozenset(kind.value for kind in SubjectKind)
 _GRANT_KEYS = _SUBJECT_KEYS | {
     "name",
@@ -279,29 +276,26 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
         raise ctx.error(key, "has both url and command: a server is either http (url) or stdio (command)")
     if not has_url and not has_command:
         raise ctx.error(key, "missing key: a server needs url (http) or command (stdio)")
-    namespace = ctx.string(table["namespace"], f"{key}.namespace") if "namespace" in table else name
-    timeout_s = ctx.number(table["timeout_s"], f"{key}.timeout_s") if "timeout_s" in table else None
-    transparent = table.get("transparent", False)
-    if not isinstance(transparent, bool):
-        raise ctx.error(f"{key}.transparent", "must be true or false")
-    audit_contents = table.get("audit_contents", False)
-    if not isinstance(audit_contents, bool):
-        raise ctx.error(f"{key}.audit_contents", "must be true or false")
+    # A key of the other kind is named as such, whatever its value (before any type is checked).
+    stray = [other for other in sorted(_STDIO_KEYS if has_url else _HTTP_KEYS) if other in table]
+    if stray:
+        takes = "only a stdio server (command)" if has_url else "only an http server (url)"
+        raise ctx.error(f"{key}.{stray[0]}", f"{takes} takes this key")
+    fields = read_table(ctx, ServerTable, table, key).given()
+    namespace = fields.get("namespace", name)
+    timeout_s = fields.get("timeout_s")
+    transparent = fields.get("transparent", False)
+    audit_contents = fields.get("audit_contents", False)
     bounds: dict[str, Any] = read_pinning(table, key, ctx.source, ctx.error)  # issue 27
-    if "max_response_bytes" in table:
-        limit = bounds["max_response_bytes"] = ctx.integer(
-            table["max_response_bytes"], f"{key}.max_response_bytes"
-        )
+    if "max_response_bytes" in fields:
+        limit = bounds["max_response_bytes"] = fields["max_response_bytes"]
         if limit < MIN_MAX_RESPONSE_BYTES:
             raise ctx.error(f"{key}.max_response_bytes", f"must be at least {MIN_MAX_RESPONSE_BYTES}")
     if has_url:
-        stray = [other for other in sorted(_STDIO_KEYS) if other in table]
-        if stray:
-            raise ctx.error(f"{key}.{stray[0]}", "only a stdio server (command) takes this key")
-        url = ctx.string(table["url"], f"{key}.url")
+        url = fields["url"]
         _check_url(ctx, url, f"{key}.url")
-        headers = _read_headers(ctx, table.get("headers"), f"{key}.headers")
-        era = ctx.string(table["era"], f"{key}.era") if "era" in table else "auto"
+        headers = _read_headers(ctx, fields.get("headers"), f"{key}.headers")
+        era = fields.get("era", "auto")
         if era not in ("auto", "session", "sessionless"):
             raise ctx.error(f"{key}.era", "must be one of auto, session, sessionless")
         return ctx.build(
@@ -317,16 +311,13 @@ def _read_server(ctx: _Context, name: str, table: Mapping[str, Any], key: str) -
             audit_contents=audit_contents,
             **bounds,
         )
-    stray = [other for other in sorted(_HTTP_KEYS) if other in table]
-    if stray:
-        raise ctx.error(f"{key}.{stray[0]}", "only an http server (url) takes this key")
-    command = ctx.string(table["command"], f"{key}.command")
+    command = fields["command"]
     if not command:
         raise ctx.error(f"{key}.command", "must not be empty")
-    args = ctx.string_list(table["args"], f"{key}.args") if "args" in table else []
-    env = _read_env(ctx, table.get("env"), f"{key}.env")
-    cwd = ctx.string(table["cwd"], f"{key}.cwd") if "cwd" in table else None
-    bounds.update(_read_process_scope(ctx, table, key))
+    args = fields.get("args", [])
+    env = _read_env(ctx, fields.get("env"), f"{key}.env")
+    cwd = fields.get("cwd")
+    bounds.update(_read_process_scope(ctx, fields, key))
     return ctx.build(
         ServerSpec,
         name=name,
@@ -411,20 +402,18 @@ def _read_agents(ctx: _Context, value: Any) -> list[AgentSpec]:
     agents: list[AgentSpec] = []
     for name, agent_value in table.items():
         key = _key_path("agents", name)
-        agent = ctx.table(agent_value, key)
-        ctx.refuse_unknown(agent, _AGENT_KEYS, key)
-        anonymous = agent.get("anonymous", False)
-        if not isinstance(anonymous, bool):
-            raise ctx.error(f"{key}.anonymous", "must be true or false")
-        if anonymous:
-            if "token_sha256" in agent:
-                raise ctx.error(f"{key}.token_sha256", "an anonymous agent has no token")
+        raw = ctx.table(agent_value, key)
+        ctx.refuse_unknown(raw, frozenset(AgentTable.model_fields), key)
+        if raw.get("anonymous") is True and "token_sha256" in raw:
+            # A token beside anonymous = true is the defect, whatever its value.
+            raise ctx.error(f"{key}.token_sha256", "an anonymous agent has no token")
+        agent = read_table(ctx, AgentTable, raw, key).given()
+        if agent.get("anonymous", False):
             agents.append(ctx.build(AgentSpec, name=AgentId(name), anonymous=True))
             continue
         if "token_sha256" not in agent:
             raise ctx.error(f"{key}.token_sha256", "missing key: the SHA-256 of the agent's bearer token")
-        token_sha256 = ctx.string(agent["token_sha256"], f"{key}.token_sha256")
-        agents.append(ctx.build(AgentSpec, name=AgentId(name), token_sha256=token_sha256))
+        agents.append(ctx.build(AgentSpec, name=AgentId(name), token_sha256=agent["token_sha256"]))
     return agents
 
 

@@ -1,5 +1,5 @@
-"""Typed models of the configuration's flat tables: ``[gateway]``, ``[store]``, ``[auth]`` and
-``[auth.oauth]`` (issue 26; ``docs/configuration.md``).
+"""Typed models of the configuration's tables: ``[gateway]``, ``[servers.NAME]``,
+``[agents.NAME]``, ``[store]``, ``[auth]`` and ``[auth.oauth]`` (issue 26; ``docs/configuration.md``).
 
 Owns the type of every key of those tables and how a pydantic error becomes a
 :class:`ConfigError` that names the file, the key path as the file spells it
@@ -13,7 +13,7 @@ after the types. An error never carries a value: values may be credentials.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, TypeVar, get_args, get_origin
+from typing import Annotated, Any, ClassVar, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictStr, ValidationError
 from pydantic_core import ErrorDetails
@@ -21,7 +21,7 @@ from pydantic_core import ErrorDetails
 from bastion.errors import ConfigError
 from bastion.policy.load_context import LoadContext, key_path, type_name
 
-__all__ = ["AuthTable", "GatewayTable", "OAuthTable", "StoreTable", "read_table"]
+__all__ = ["AgentTable", "AuthTable", "GatewayTable", "OAuthTable", "ServerTable", "StoreTable", "read_table"]
 
 _M = TypeVar("_M", bound="_Table")
 
@@ -38,14 +38,18 @@ class _Table(BaseModel):
     """One TOML table: strict types, no unknown key, frozen once read."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
+    # A key whose wrong type has always had its own words (``transparent``: "must be true or false").
+    defects: ClassVar[Mapping[str, str]] = {}
+    # Keys an explicit None leaves out (only an already-parsed mapping can say None).
+    none_is_absent: ClassVar[frozenset[str]] = frozenset()
 
     def given(self) -> dict[str, Any]:
         """The keys the file gave, with their checked values (a key it left out is absent)."""
         return {name: getattr(self, name) for name in self.model_fields_set}
 
 
-# Field order is the order in which the checks were always made: with several defects in one
-# table, the first one reported stays the same.
+# Field order is the order in which the types were always checked, so with several wrong types in
+# one table the first one reported stays the same (a type is now reported before a meaning).
 
 
 class GatewayTable(_Table):
@@ -73,6 +77,47 @@ class GatewayTable(_Table):
     keep_alive_s: float | None = None
     allowed_origins: StrList | None = None
     allowed_hosts: StrList | None = None
+
+
+class ServerTable(_Table):
+    """One ``[servers.NAME]`` table: http (``url``) or stdio (``command``), checked by ``load.py``."""
+
+    defects: ClassVar[Mapping[str, str]] = {
+        "transparent": "must be true or false",
+        "audit_contents": "must be true or false",
+    }
+    none_is_absent: ClassVar[frozenset[str]] = frozenset({"headers", "env"})
+
+    namespace: str | None = None
+    timeout_s: float | None = None
+    transparent: bool | None = None
+    audit_contents: bool | None = None
+    max_response_bytes: int | None = None
+    # http
+    url: str | None = None
+    headers: Any = None  # a table of names and values: all checked by load.py (case, control characters)
+    era: str | None = None
+    # stdio
+    command: str | None = None
+    args: StrList | None = None
+    env: Any = None  # a table of names and values: all checked by load.py (NUL, ``${NAME}``)
+    cwd: str | None = None
+    scope: str | None = None
+    max_processes: int | None = None
+    process_idle_s: float | None = None
+    # pinning (issue 27): values checked by pinning/modes.py, with their own messages
+    pinning: Any = None
+    pin_changed: Any = None
+    pin_lock_file: Any = None
+
+
+class AgentTable(_Table):
+    """One ``[agents.NAME]`` table: a token's SHA-256, or ``anonymous = true`` (``load.py`` decides)."""
+
+    defects: ClassVar[Mapping[str, str]] = {"anonymous": "must be true or false"}
+
+    token_sha256: str | None = None
+    anonymous: bool | None = None
 
 
 class StoreTable(_Table):
@@ -126,6 +171,9 @@ def _config_error(ctx: LoadContext, model: type[_Table], key: str, exc: Validati
     path = key
     for part in error["loc"]:
         path = f"{path}[{part}]" if isinstance(part, int) else key_path(path, str(part))
+    loc = error["loc"]
+    if len(loc) == 1 and str(loc[0]) in model.defects and error["type"] not in _ORDER:
+        return ctx.error(path, model.defects[str(loc[0])])
     return ctx.error(path, _defect(model, error))
 
 
@@ -193,10 +241,11 @@ def _refuse_none(ctx: LoadContext, model: type[_Table], table: Mapping[str, Any]
     # An explicit None (possible only in an already-parsed mapping) is a value of the wrong type,
     # never "not given".
     for name, item in table.items():
-        if name not in model.model_fields:
+        if name not in model.model_fields or (item is None and name in model.none_is_absent):
             continue
         if item is None:
-            raise ctx.error(key_path(key, name), f"expected {_expected(model, name)}, got {type_name(item)}")
+            defect = model.defects.get(name) or f"expected {_expected(model, name)}, got {type_name(item)}"
+            raise ctx.error(key_path(key, name), defect)
         inner = _table_of(model.model_fields[name].annotation)
         if inner is not None and isinstance(item, Mapping):
             _refuse_none(ctx, inner, item, key_path(key, name))

@@ -1,5 +1,5 @@
-"""Tests for policy/tables.py: the typed [gateway], [store] and [auth] tables word their errors as
-policy/load.py always has, at the key path the file spells."""
+"""Tests for policy/tables.py: the typed [gateway], [servers.*], [store] and [auth] tables word their
+errors as policy/load.py always has, at the key path the file spells."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ ISSUER = {"issuer": "https://issuer.example/", "jwks_url": "https://issuer.examp
 def refusal(section: str, table: Any) -> ConfigError:
     with pytest.raises(ConfigError) as excinfo:
         snapshot_from_mapping(
-            {"servers": SERVERS, section: table}, source=Path("/etc/bastion.toml"), version="v", environ={}
+            {"servers": SERVERS, section: table} if section != "servers" else {"servers": table},
+            source=Path("/etc/bastion.toml"),
+            version="v",
+            environ={},
         )
     return excinfo.value
 
@@ -69,6 +72,36 @@ def refusal(section: str, table: Any) -> ConfigError:
             {"oauth": {**ISSUER, "leeway_s": None}},
             "auth.oauth.leeway_s: expected a number, got a NoneType",
             id="explicit-none-in-a-nested-table",
+        ),
+        pytest.param(
+            "servers",
+            {"notes": {"command": "python", "transparent": None}},
+            "servers.notes.transparent: must be true or false",
+            id="a-key-with-its-own-words",
+        ),
+        pytest.param(
+            "servers",
+            {"notes": {"url": "http://127.0.0.1:9000/mcp", "args": 3}},
+            "servers.notes.args: only a stdio server (command) takes this key",
+            id="a-key-of-the-other-kind-whatever-its-type",
+        ),
+        pytest.param(
+            "servers",
+            {"notes": {"command": "python", "max_processes": 2.0}},
+            "servers.notes.max_processes: expected an integer, got a float",
+            id="server-key-type",
+        ),
+        pytest.param(
+            "agents",
+            {"demo": {"anonymous": True, "token_sha256": 3}},
+            "agents.demo.token_sha256: an anonymous agent has no token",
+            id="a-token-beside-anonymous-whatever-its-type",
+        ),
+        pytest.param(
+            "agents",
+            {"demo": {"anonymous": "yes"}},
+            "agents.demo.anonymous: must be true or false",
+            id="anonymous-keeps-its-own-words",
         ),
         pytest.param(
             "store", {"url": 5}, "store.url: expected a string, got an integer", id="store-url-type"
