@@ -189,6 +189,9 @@ class Tracing:
             kind=SpanKind.SERVER,
             attributes=attributes,
             record_exception=False,
+            # Its outcome sets its status (set_outcome): the SDK's own would hold the exception's
+            # text, which may quote an argument or be an upstream's words.
+            set_status_on_exception=False,
             start_time=None if authenticated is None else authenticated[0],  # the call began there
         ) as span:
             if authenticated is not None and span.get_span_context().trace_flags.sampled:
