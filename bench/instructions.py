@@ -46,7 +46,8 @@ async def drive(port: int, mode: Mode, calls: int, direct: bool) -> int:
     snapshot = snapshot_from_mapping(config, source=None, version="instructions")
     with tempfile.TemporaryDirectory() as data:
         options = RuntimeOptions(data_dir=Path(data), store_url=None, generation="instructions")
-        async with serve_on_loopback(create_app(snapshot, options)) as url:
+        # Under valgrind a start takes minutes on a loaded machine: a bound far above the default.
+        async with serve_on_loopback(create_app(snapshot, options), startup_timeout_s=900.0) as url:
             target = Target(
                 "through",
                 url,

@@ -88,11 +88,11 @@ def traced(tracing: Tracing) -> Callable[[int], None]:
             for step in ("bastion.outcome", "bastion.answer"):
                 with child_span(tracing, step):
                     pass
-            for key in ("gen_ai.tool.name", "bastion.agent", "bastion.call_id", "bastion.server"):
-                span.set_attribute(key, "x")
-            span.set_attribute("bastion.evidence_seq", i)
-            set_outcome(span, "completed", "")
             span.update_name("tools/call tools__echo")
+            attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "bastion.evidence_seq": i}
+            for key in ("gen_ai.tool.name", "bastion.agent", "bastion.call_id", "bastion.server"):
+                attributes[key] = "x"
+            set_outcome(span, "completed", "", attributes)  # as call.py's _describe_span
 
     return one
 

@@ -886,18 +886,20 @@ def _describe_span(span: Span, caller: Caller, attempt: _Attempt, outcome: str, 
     entry, last = attempt.entry, attempt.last
     tool = entry.exposed_name if entry else UNKNOWN_TOOL
     span.update_name(f"tools/call {tool}")
-    span.set_attribute("gen_ai.operation.name", "execute_tool")
-    span.set_attribute("gen_ai.tool.name", tool)
-    span.set_attribute("bastion.agent", str(caller.agent))
-    span.set_attribute("bastion.call_id", attempt.call_id)
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "bastion.agent": str(caller.agent),
+        "bastion.call_id": attempt.call_id,
+    }
     if entry is not None:
-        span.set_attribute("bastion.server", entry.server)
+        attributes["bastion.server"] = entry.server
     if attempt.envelope.execution_id is not None:
-        span.set_attribute("bastion.execution_id", attempt.envelope.execution_id)
+        attributes["bastion.execution_id"] = attempt.envelope.execution_id
     if last is not None:
-        span.set_attribute("bastion.evidence_session_id", last.session_id)
-        span.set_attribute("bastion.evidence_seq", last.seq)
-    set_outcome(span, outcome, reason)
+        attributes["bastion.evidence_session_id"] = last.session_id
+        attributes["bastion.evidence_seq"] = last.seq
+    set_outcome(span, outcome, reason, attributes)  # one set_attributes: one lock, not nine
 
 
 def _with_receipt_meta(exc: UpstreamReplied, receipt: dict[str, Any]) -> UpstreamReplied:

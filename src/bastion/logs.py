@@ -31,6 +31,10 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
     "asctime",
     "color_message",
 }
+# Values written as they are (anything else as its str()); a tuple: isinstance is quicker on one.
+_PLAIN = (str, int, float, bool, type(None))
+# json.dumps(entry, ensure_ascii=False) builds a new encoder per line; this one is stateless.
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 
 class JsonFormatter(logging.Formatter):
@@ -43,12 +47,12 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = value if isinstance(value, str | int | float | bool | type(None)) else str(value)
+                entry[key] = value if isinstance(value, _PLAIN) else str(value)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
             entry["exc"] = record.exc_text
-        return json.dumps(entry, ensure_ascii=False)
+        return _ENCODER.encode(entry)
 
 
 _QUEUE_RECORDS = 10_000

@@ -91,6 +91,27 @@ _SCOPE = InstrumentationScope("bastion")
 _UNSET = Status(StatusCode.UNSET)  # immutable: shared by every step that did not fail
 
 
+#: The batch processor's sizes unless ``OTEL_BSP_*`` set them: a traced call is seven spans, so
+#: the SDK's 2,048-span queue holds under 300 calls (the rest are dropped while the export
+#: thread is behind), and each export of 512 spans is a request: fewer, larger ones cost less.
+_QUEUE_SPANS = 16_384
+_BATCH_SPANS = 2_048
+
+
+def _batch_sizes(environ: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """``(max_queue_size, max_export_batch_size)`` for the batch processor: ``None`` where an
+    ``OTEL_BSP_*`` variable decides (the SDK reads it, and warns about a bad one)."""
+    queue = None if environ.get("OTEL_BSP_MAX_QUEUE_SIZE") else _QUEUE_SPANS
+    if environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
+        return queue, None
+    if queue is not None:
+        return queue, _BATCH_SPANS
+    try:  # never above the queue the variable sets (the SDK refuses a batch larger than it)
+        return None, min(_BATCH_SPANS, int(environ["OTEL_BSP_MAX_QUEUE_SIZE"]))
+    except ValueError:
+        return None, None
+
+
 class _Resource(Resource):
     """A resource that hashes once: the OTLP encoder groups every exported span by its resource,
     and the SDK's hash serialises the attributes to JSON each time (a third of a span's export
@@ -134,7 +155,7 @@ class Tracing:
         ).strip()
         if protocol and protocol != "http/protobuf":
             logger.warning("OTLP protocol %s is not supported; traces go over http/protobuf", protocol)
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from bastion.otlp_export import LeanSpanExporter  # the OTLP exporter's import is slow: on demand
 
         attributes = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "bastion"}
         created = Resource.create(attributes)
@@ -144,7 +165,10 @@ class Tracing:
         endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         if not endpoint and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
             endpoint = env["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
-        processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint or None))
+        queue, batch = _batch_sizes(os.environ)
+        processor = BatchSpanProcessor(
+            LeanSpanExporter(endpoint=endpoint or None), max_queue_size=queue, max_export_batch_size=batch
+        )
         provider.add_span_processor(processor)
         return cls(provider, processor)
 
@@ -165,6 +189,9 @@ class Tracing:
             kind=SpanKind.SERVER,
             attributes=attributes,
             record_exception=False,
+            # Its outcome sets its status (set_outcome): the SDK's own would hold the exception's
+            # text, which may quote an argument or be an upstream's words.
+            set_status_on_exception=False,
             start_time=None if authenticated is None else authenticated[0],  # the call began there
         ) as span:
             if authenticated is not None and span.get_span_context().trace_flags.sampled:
@@ -257,12 +284,18 @@ def record_contents(key: str, value: Any) -> None:
         span.set_attribute(key, json.dumps(value, separators=(",", ":"), default=str))
 
 
-def set_outcome(span: Span, outcome: str, reason: str) -> None:
-    span.set_attribute("bastion.outcome", outcome)
+def set_outcome(span: Span, outcome: str, reason: str, attributes: dict[str, Any] | None = None) -> None:
+    """The outcome attributes (with ``attributes``, set in the same one call: the SDK locks and
+    checks each call) and, for a failure, the error status."""
+    attributes = {} if attributes is None else attributes
+    attributes["bastion.outcome"] = outcome
     if reason:
-        span.set_attribute("bastion.reason", reason)
-    if outcome not in ("completed", "input_required"):
-        span.set_attribute("error.type", reason or outcome)
+        attributes["bastion.reason"] = reason
+    failed = outcome not in ("completed", "input_required")
+    if failed:
+        attributes["error.type"] = reason or outcome
+    span.set_attributes(attributes)
+    if failed:
         span.set_status(Status(StatusCode.ERROR))
 
 

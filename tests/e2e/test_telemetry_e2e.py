@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,15 @@ rate = "1/minute"
 """
 
 
+#: A stdio server beside the HTTP one, so the stdio process families have samples to check.
+LOCAL_STDIO = f"""
+[servers.local]
+command = {json.dumps(sys.executable)}
+args = ["-m", "bastion.examples.notes_server"]
+env = {{ BASTION_NOTES_FILE = "{{process_dir}}/notes.jsonl" }}
+"""
+
+
 async def scrape(http: httpx.AsyncClient, url: str) -> Samples:
     """Every sample of ``GET /metrics``, parsed by prometheus_client's own parser."""
     response = await http.get(url.removesuffix("/mcp") + "/metrics")
@@ -125,7 +135,9 @@ async def traffic(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
 async def test_metrics_count_every_governed_call_by_outcome_and_the_access_log_has_one_line_each(
     tmp_path: Path, holding_upstream: HoldingUpstream
 ) -> None:
-    config = write_config(tmp_path / "gateway.toml", holding_upstream.url, "metrics_agents = 1", GRANTS)
+    config = write_config(
+        tmp_path / "gateway.toml", holding_upstream.url, "metrics_agents = 1", GRANTS + LOCAL_STDIO
+    )
     log = tmp_path / "gateway.log"
     async with (
         httpx.AsyncClient(timeout=30) as http,
@@ -169,6 +181,9 @@ async def test_metrics_count_every_governed_call_by_outcome_and_the_access_log_h
     assert value(samples, refusals, method="prompts/get", reason="unknown_prompt") == 1
     assert value(samples, "bastion_requests_in_flight", method="tools/call") == 0
     assert value(samples, "bastion_upstream_up", server="work") == 1
+    assert value(samples, "bastion_upstream_processes", server="local", scope="listing") == 1
+    assert value(samples, "bastion_upstream_process_crashes_total", server="local") == 0
+    assert value(samples, "bastion_policy_snapshot_lag_seconds") == 0
     assert value(samples, "bastion_store_degraded") == 0
     assert value(samples, "bastion_sessionless_agent_sessions") == 2  # alice's and bob's shared chains
     assert value(samples, "bastion_transport_sessions") == 0  # no session-era client

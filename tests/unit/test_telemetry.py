@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode, get_current_span
 
 from bastion.metrics import OTHER_AGENT, AgentLabels
-from bastion.tracing import NO_SPAN, Tracing, inject_meta
+from bastion.tracing import NO_SPAN, Tracing, _batch_sizes, inject_meta, set_outcome
 
 ENDPOINT = "http://127.0.0.1:9/"  # never contacted: nothing is exported in these tests
 
@@ -95,3 +95,39 @@ def test_a_step_is_a_child_of_the_call_span_and_a_failure_names_its_type_never_i
     assert "s3cr3t-value" not in repr([s.to_json() for s in exported.get_finished_spans()])
     with trace.use_span(trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)):
         assert tracing.child("bastion.decision") is NO_SPAN  # nothing sampled, nothing made
+
+
+def test_a_call_span_that_ends_in_an_exception_never_carries_its_text() -> None:
+    """A refusal or an upstream error raised through the call span: its text (which may quote an
+    argument, or be an upstream's own words) is in no span; the outcome sets the status."""
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    processor = SimpleSpanProcessor(exported)
+    provider.add_span_processor(processor)
+    tracing = Tracing(provider, processor)
+    with pytest.raises(ValueError), tracing.call_span("tools/call", None, {}) as span:
+        try:
+            raise ValueError("'s3cr3t-value' is not of type 'integer'")
+        finally:
+            set_outcome(span, "refused", "invalid_arguments")
+    (call,) = exported.get_finished_spans()
+    assert (call.status.status_code, call.status.description) == (StatusCode.ERROR, None)
+    assert call.attributes is not None and call.attributes["error.type"] == "invalid_arguments"
+    assert "s3cr3t-value" not in repr(call.to_json())
+
+
+@pytest.mark.parametrize(
+    ("environ", "sizes"),
+    [
+        ({}, (16_384, 2_048)),
+        ({"OTEL_BSP_MAX_QUEUE_SIZE": "1000"}, (None, 1000)),
+        ({"OTEL_BSP_MAX_QUEUE_SIZE": "50000"}, (None, 2_048)),
+        ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64"}, (16_384, None)),
+        ({"OTEL_BSP_MAX_QUEUE_SIZE": "many"}, (None, None)),
+    ],
+)
+def test_the_batch_processor_holds_thousands_of_calls_unless_the_otel_variables_size_it(
+    environ: dict[str, str], sizes: tuple[int | None, int | None]
+) -> None:
+    """Queue and export batch default to sizes for seven spans a call; ``OTEL_BSP_*`` win."""
+    assert _batch_sizes(environ) == sizes

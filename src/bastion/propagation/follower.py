@@ -22,7 +22,9 @@ One :class:`ReplicaFollower` per gateway. It applies each change of the feed:
   definition is served (or the rejected one stays withheld) here too.
 - ``policy_reloaded``: another replica reloaded its configuration: reload
   ours, so the fleet converges; a replica whose file differs shows as behind
-  (``propagation/policy_status.py``).
+  (``propagation/policy_status.py``), and :meth:`ReplicaFollower.snapshot_lag_s`
+  says for how long (``/metrics``: a replica that never follows records no
+  follow lag, so the lag it is accruing is read at scrape).
 """
 
 from __future__ import annotations
@@ -80,6 +82,19 @@ class ReplicaFollower:
         #: bounds.
         self.revocation_lag = CountHistogram(LAG_BUCKETS)
         self.policy_lag = CountHistogram(LAG_BUCKETS)
+        # The oldest peer reload this replica has not followed (its version and time), if any.
+        self._unfollowed: tuple[str, datetime] | None = None
+
+    def snapshot_lag_s(self) -> float:
+        """Seconds this replica's snapshot has been behind a peer's reload it could not follow
+        (0 when it runs what its peers last announced, or has since reloaded to it)."""
+        unfollowed = self._unfollowed
+        if unfollowed is None:
+            return 0.0
+        if unfollowed[0] == self._policy_version():
+            self._unfollowed = None
+            return 0.0
+        return max(0.0, (self._now() - unfollowed[1]).total_seconds())
 
     def _lag(self, histogram: CountHistogram, change: Change) -> None:
         histogram.observe(max(0.0, (self._now() - change.at).total_seconds()))
@@ -107,12 +122,22 @@ class ReplicaFollower:
         ):
             try:
                 await self._reload_policy()
-                self._lag(self.policy_lag, change)
             except ConfigError as exc:
+                self._behind_since(change)
                 logger.error(
                     "policy reload at a peer not followed here; the last valid snapshot stays",
                     extra={"error": exc.message, "peer_version": change.subject},
                 )
+                return
+            self._lag(self.policy_lag, change)
+            if change.subject == self._policy_version():
+                self._unfollowed = None
+            else:  # reloaded, to another version: this replica's file differs from the peer's
+                self._behind_since(change)
+
+    def _behind_since(self, change: Change) -> None:
+        if self._unfollowed is None:  # the oldest reload not followed: behind since then
+            self._unfollowed = (change.subject, change.at)
 
     def _apply_cancel(self, change: Change) -> None:
         transport_session = self._registry.by_key(change.subject)

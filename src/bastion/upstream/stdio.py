@@ -31,7 +31,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from bastion.errors import UpstreamUnavailable
+from bastion.errors import UpstreamCapacity, UpstreamUnavailable
 from bastion.policy.snapshot import GatewaySettings, ProcessScope, ServerSpec
 from bastion.upstream.base import (
     CallContext,
@@ -41,6 +41,7 @@ from bastion.upstream.base import (
     UpstreamHealth,
     UpstreamSessions,
 )
+from bastion.upstream.stdio_counts import ProcessCounts
 from bastion.upstream.stdio_pool import ProcessBudget
 from bastion.upstream.stdio_process import StdioProcess, declared_for
 from bastion.workers.attachment import sessionless_ref
@@ -74,12 +75,15 @@ class StdioUpstream:
         self._budget = budget if budget is not None else ProcessBudget.for_settings(GatewaySettings())
         self._backoff = restart_backoff_s
         self._on_process_event = on_process_event
+        #: What this server's processes did, every one of them (``/metrics``).
+        self.counts = ProcessCounts()
         # Builds the catalog; in the shared scope it is also every client's process.
         self.listing = StdioProcess(
             spec,
             on_list_changed=on_list_changed,
             restart_backoff_s=restart_backoff_s,
             on_process_event=on_process_event,
+            counts=self.counts,
         )
         # One record per owner: its process, and the holders (client sessions) it sits in.
         self._by_owner: dict[str, StdioProcess] = {}
@@ -124,6 +128,11 @@ class StdioUpstream:
 
     def health(self) -> UpstreamHealth:
         return self.listing.health()
+
+    def processes_running(self) -> tuple[int, int]:
+        """How many processes run now: ``(the listing one, 0 or 1; the owners')``."""
+        owned = sum(1 for process in self._by_owner.values() if process.running)
+        return (1 if self.listing.running else 0), owned
 
     def owned(self) -> dict[str, StdioProcess]:
         """The owned processes running now, by owner reference."""
@@ -201,7 +210,11 @@ class StdioUpstream:
             raise UpstreamUnavailable(f"upstream {self.name} is not running")
         if ctx.upstream_sessions is not None and ctx.upstream_sessions.closed:
             raise UpstreamUnavailable(f"upstream {self.name}: the client session has ended")
-        self._budget.take(self.name, len(self._by_owner), self.spec.max_processes)
+        try:
+            self._budget.take(self.name, len(self._by_owner), self.spec.max_processes)
+        except UpstreamCapacity as refused:
+            self.counts.capacity_refusals[str(refused.data.get("bound", ""))] += 1
+            raise
         holder = ctx.upstream_sessions
         # A transport session's process speaks to it between calls on its GET stream; an agent
         # session's process sits in many client sessions and has no one stream to speak on.
@@ -214,6 +227,7 @@ class StdioUpstream:
             owner_ref=owner,
             spawn_gate=self._budget.spawn_gate,
             channel=channel,
+            counts=self.counts,
         )
         process.on_resource_updated = self._resource_updated
         process.last_used = anyio.current_time()

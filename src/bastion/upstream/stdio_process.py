@@ -69,6 +69,7 @@ from bastion.upstream.failure import describe_exit, describe_failure
 from bastion.upstream.input_rounds import ParkedRounds, asks_in_rounds, round_trip
 from bastion.upstream.lines import LineOverLimit, LineSplitter
 from bastion.upstream.relay import RequestRelay
+from bastion.upstream.stdio_counts import ProcessCounts
 from bastion.versions import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION
 from bastion.wire_value import loads_exact
 
@@ -133,6 +134,7 @@ class StdioProcess:
         owner_ref: str | None = None,
         spawn_gate: anyio.Semaphore | None = None,
         channel: SessionChannel | None = None,
+        counts: ProcessCounts | None = None,
     ) -> None:
         assert spec.command is not None
         self.spec = spec
@@ -182,6 +184,9 @@ class StdioProcess:
         self._exit_status: int | None = None
         self._tools = 0
         self.restarts = 0
+        # Its server's counts (``upstream/stdio_counts.py``), shared with the server's other processes.
+        self.counts = counts if counts is not None else ProcessCounts()
+        self._attempt_ready = False  # whether the current attempt got through its handshake
         self.pid: int | None = None
         self._closing = False
         # Set when this process is ended for a known cause: its calls in flight fail with it.
@@ -209,6 +214,11 @@ class StdioProcess:
             tg.start_soon(until_ready)
             await failed.wait()
             tg.cancel_scope.cancel()
+
+    @property
+    def running(self) -> bool:
+        """Whether its OS process is running now (launched, not yet ended)."""
+        return self._process is not None
 
     def holds_work(self) -> bool:
         """Whether it has anything its owner still waits on: a call, a parked round, a subscription."""
@@ -259,7 +269,12 @@ class StdioProcess:
             self.first_launch_settled.set()
             if self._closing:
                 return
+            if self._attempt_ready:
+                self.counts.crashes += 1
+            else:
+                self.counts.spawn_failures += 1
             self.restarts += 1
+            self.counts.restarts += 1
             await anyio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
 
@@ -273,6 +288,7 @@ class StdioProcess:
 
     async def _run_once(self) -> None:
         self._exit_status = self._stderr_tail = None
+        self._attempt_ready = False
         self._stderr_closed = anyio.Event()
         env = {**os.environ, **{key: self._expand(value) for key, value in self.spec.env.items()}}
         command = [self._expand(part) for part in (self.spec.command or "", *self.spec.args)]
@@ -293,6 +309,7 @@ class StdioProcess:
             raise
         self._process = process
         self.pid = process.pid
+        self.counts.spawns += 1
         if self._on_process_event is not None:
             self._on_process_event("started", self)
         try:
@@ -308,6 +325,9 @@ class StdioProcess:
                 if self._resource_subscriptions:
                     tg.start_soon(self._subscribe_again, set(self._resource_subscriptions))
                 self._ready.set()
+                self._attempt_ready = True
+                if self.restarts:
+                    self.counts.reconnects += 1
                 self.first_launch_settled.set()
                 self._detail = None
                 await process.wait()
