@@ -20,10 +20,7 @@ from typing import Any
 
 import anyio
 import httpx
-import httpx2
 import pytest
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import ListRootsResult, Root
 
@@ -54,7 +51,6 @@ from tests.support.loopback import serve_on_loopback
 pytestmark = pytest.mark.anyio
 
 CLIENTS = 32  # two agents, sixteen each, all at once
-SERVE_CLIENTS = 16  # through `bastion serve`: two agents, eight each
 
 
 def _stdio(command: list[str], **extra: Any) -> dict[str, Any]:
@@ -376,12 +372,11 @@ def _serve_config(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.timeout(300)
 async def test_through_bastion_serve_no_state_or_roots_cross_concurrent_clients(
     tmp_path: Path, serving: list[Serve]
 ) -> None:
-    """The same probes through the `bastion serve` process an operator runs: 16 concurrent clients of
-    two agents, each with its own server-memory graph and its own roots."""
+    """The same probes through the `bastion serve` process an operator runs: 32 concurrent clients of
+    two agents (64 Node processes), each with its own server-memory graph and its own roots."""
     serve = Serve("--config", str(_serve_config(tmp_path)), "--data-dir", str(tmp_path / "data"))
     serving.append(serve)
     url = await anyio.to_thread.run_sync(serve.ready_line)
@@ -392,16 +387,7 @@ async def test_through_bastion_serve_no_state_or_roots_cross_concurrent_clients(
         async def roots(context: Any) -> ListRootsResult:
             return ListRootsResult(roots=[Root(uri=f"file:///clients/client-{index}")])  # type: ignore[arg-type]
 
-        # 64 Node processes start four at a time on two cores: a first call may wait past the default 30 s.
-        headers = {"Authorization": f"Bearer {TOKENS[_agent(index)]}"}
-        async with (
-            httpx2.AsyncClient(headers=headers, timeout=120) as http,
-            Client(
-                streamable_http_client(gateway.url, http_client=http),
-                mode="legacy",
-                list_roots_callback=roots,
-            ) as client,
-        ):
+        async with gateway.client(_agent(index), list_roots_callback=roots) as client:
             await client.call_tool(
                 "memory__create_entities",
                 {"entities": [{"name": f"secret-{index}", "entityType": "note", "observations": []}]},
@@ -410,12 +396,11 @@ async def test_through_bastion_serve_no_state_or_roots_cross_concurrent_clients(
             answer = _text(await client.call_tool("everything__get-roots-list", {}))
             seen[index] = ({entity["name"] for entity in graph["entities"]}, answer)
 
-    # Half the in-process tests' 32: each client starts two Node processes in `bastion serve`.
-    await _all_at_once(SERVE_CLIENTS, client_run)
+    await _all_at_once(CLIENTS, client_run)
     for index, (names, answer) in seen.items():
         assert names == {f"secret-{index}"}
         assert answer.count("file:///clients/") == 1 and f"file:///clients/client-{index}" in answer, answer
-    assert len(seen) == SERVE_CLIENTS
+    assert len(seen) == CLIENTS
 
 
 async def test_server_everything_offers_its_capability_gated_tools(tmp_path: Path) -> None:
