@@ -43,6 +43,7 @@ from tests.e2e.issue4_support import (
     sdk_client,
     write_config,
 )
+from tests.e2e.test_capability_views_e2e import _elicit, _sample
 from tests.e2e.test_serve_process import Serve
 from tests.e2e.test_serve_process import serving as serving  # the fixture
 from tests.e2e.third_party.servers import npm_server
@@ -346,6 +347,10 @@ async def test_http_session_era_upstream_gets_one_upstream_session_per_client_se
     assert {agent for agent, _ in seen.values()} == {"alice", "bob"}
 
 
+async def _no_roots(context: Any) -> ListRootsResult:
+    return ListRootsResult(roots=[])
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -406,17 +411,20 @@ async def test_through_bastion_serve_no_state_or_roots_cross_concurrent_clients(
 async def test_server_everything_offers_its_capability_gated_tools(tmp_path: Path) -> None:
     """The catalog's listing process declares every capability Bastion bridges (URL-mode elicitation
     included), so server-everything over stdio lists the four tools it registers only for clients
-    that can answer them (issue 22 point 2)."""
+    that can answer them (issue 22 point 2); a client that can answer them lists them too, from its
+    own process (one that cannot does not: ``test_stdio_owned_surface.py``)."""
     config = _config({"everything": _stdio(npm_server("everything", "stdio"))})
-    async with _gateway(tmp_path, config) as gateway, gateway.client("alice") as client:
+    able = {"list_roots_callback": _no_roots, "sampling_callback": _sample, "elicitation_callback": _elicit}
+    async with _gateway(tmp_path, config) as gateway, gateway.client("alice", **able) as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
+        catalog = set(gateway.gateway.fleet.catalog)
     gated = {
         "get-roots-list",
         "trigger-sampling-request",
         "trigger-elicitation-request",
         "trigger-url-elicitation",
     }
-    assert {f"everything__{name}" for name in gated} <= names
+    assert {f"everything__{name}" for name in gated} <= names & catalog
 
 
 async def test_revoking_an_agent_session_stops_only_its_process(

@@ -51,10 +51,18 @@ class ServerChannel:
             return  # below the level this client set
         self._publish({"jsonrpc": "2.0", "method": method, "params": params})
 
-    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    def can_answer(self, method: str) -> bool:
         transport_session = self._transport_session
         capability = required_capability(method)
-        if capability is None or capability not in transport_session.client_capabilities:
+        return (
+            not transport_session.terminated
+            and capability is not None
+            and capability in transport_session.client_capabilities
+        )
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        transport_session = self._transport_session
+        if not self.can_answer(method):
             raise ClientDeclined({"code": -32601, "message": f"{method} cannot be relayed to this client"})
         relay_id = transport_session.next_relay_id()
         pending = PendingClientRequest()

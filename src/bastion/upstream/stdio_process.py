@@ -10,7 +10,7 @@ only to the request that asked.
 A server-to-client request (sampling, elicitation, roots) carries no wire
 link to the call that caused it. On an owned process every call in flight is
 the owner's, so it goes to the owner (through one of its calls, or, with none
-in flight, on the owner's GET stream: its ``channel``, a transport session's);
+in flight, on a GET stream of the owner: its ``channel``, ``upstream/owner_channels.py``);
 on a process without an owner it is relayed only when exactly one client call
 is in flight, otherwise it is refused to the upstream (fail closed: never
 guess whom to ask). Log messages and list changes an owned process sends
