@@ -77,7 +77,7 @@ from bastion.tracing import NO_SPAN as _NO_SPAN
 from bastion.tracing import child_span, inject_meta, record_contents, set_outcome
 from bastion.upstream.base import CallContext, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
-from bastion.workers.attachment import AttachmentTracker, owner_ref, sessionless_ref, transport_session_ref
+from bastion.workers.attachment import AttachmentTracker, sessionless_ref, transport_session_ref
 from bastion.workers.late_write import LateWrite
 from bastion.workers.membership import WorkerMembership
 
@@ -331,6 +331,8 @@ class ToolCallPath:
                 caller.transport_session.upstream_sessions if caller.transport_session is not None else None,
                 log_level=caller.log_level,
                 owner=str(caller.agent),
+                owner_ref=caller.owner_ref,
+                agent_session_id=caller.principal.agent_session_id,
             )
         if entry is None:
             raise UnknownTool(f"Unknown tool: {name}", tool=name)
@@ -464,11 +466,7 @@ class ToolCallPath:
                 log_level=caller.log_level or _requested_log_level(params),
                 client_answers_requests=caller.transport_session is not None,
                 owner=caller.agent,
-                owner_ref=owner_ref(
-                    caller.transport_session.id if caller.transport_session else None,
-                    caller.agent,
-                    caller.principal.agent_session_id,
-                ),
+                owner_ref=caller.owner_ref,
                 agent_session_id=caller.principal.agent_session_id,
             )
             request = self._upstream_params(entry, params, arguments)

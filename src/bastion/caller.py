@@ -17,6 +17,7 @@ from bastion.auth.principal import Principal
 from bastion.ids import AgentId
 from bastion.session.state import TransportSession
 from bastion.upstream.base import CallRelay
+from bastion.workers.attachment import owner_ref
 
 __all__ = ["Caller"]
 
@@ -35,6 +36,16 @@ class Caller:
     log_level: str | None = None
     # Sessionless era: the request's Mcp-Param-* headers (duplicates kept), checked against the tool.
     param_headers: Any = None
+
+    @property
+    def owner_ref(self) -> str:
+        """Whoever its upstream state belongs to: its transport session, else its agent session (issue 22)."""
+        transport_session = self.transport_session
+        return owner_ref(
+            transport_session.id if transport_session is not None else None,
+            self.agent,
+            self.principal.agent_session_id,
+        )
 
     def with_relay(self, relay: CallRelay) -> Caller:
         """This caller answering through ``relay``: ``dataclasses.replace`` without its per-call

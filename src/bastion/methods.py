@@ -180,6 +180,8 @@ class MethodRouter:
             transport_session.upstream_sessions if transport_session is not None else None,
             log_level=caller.log_level if transport_session is None else transport_session.log_level,
             owner=str(caller.agent),
+            owner_ref=caller.owner_ref,
+            agent_session_id=caller.principal.agent_session_id,
         )
         visible = visible_tools(self._snapshot(), caller.principal, catalog.values())
         if caller.transport_session is not None:

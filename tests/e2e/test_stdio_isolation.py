@@ -20,10 +20,7 @@ from typing import Any
 
 import anyio
 import httpx
-import httpx2
 import pytest
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import ListRootsResult, Root
 
@@ -46,6 +43,7 @@ from tests.e2e.issue4_support import (
     sdk_client,
     write_config,
 )
+from tests.e2e.test_capability_views_e2e import _elicit, _sample
 from tests.e2e.test_serve_process import Serve
 from tests.e2e.test_serve_process import serving as serving  # the fixture
 from tests.e2e.third_party.servers import npm_server
@@ -54,7 +52,6 @@ from tests.support.loopback import serve_on_loopback
 pytestmark = pytest.mark.anyio
 
 CLIENTS = 32  # two agents, sixteen each, all at once
-SERVE_CLIENTS = 16  # through `bastion serve`: two agents, eight each
 
 
 def _stdio(command: list[str], **extra: Any) -> dict[str, Any]:
@@ -350,6 +347,10 @@ async def test_http_session_era_upstream_gets_one_upstream_session_per_client_se
     assert {agent for agent, _ in seen.values()} == {"alice", "bob"}
 
 
+async def _no_roots(context: Any) -> ListRootsResult:
+    return ListRootsResult(roots=[])
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -376,12 +377,11 @@ def _serve_config(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.timeout(300)
 async def test_through_bastion_serve_no_state_or_roots_cross_concurrent_clients(
     tmp_path: Path, serving: list[Serve]
 ) -> None:
-    """The same probes through the `bastion serve` process an operator runs: 16 concurrent clients of
-    two agents, each with its own server-memory graph and its own roots."""
+    """The same probes through the `bastion serve` process an operator runs: 32 concurrent clients of
+    two agents (64 Node processes), each with its own server-memory graph and its own roots."""
     serve = Serve("--config", str(_serve_config(tmp_path)), "--data-dir", str(tmp_path / "data"))
     serving.append(serve)
     url = await anyio.to_thread.run_sync(serve.ready_line)
@@ -392,16 +392,7 @@ async def test_through_bastion_serve_no_state_or_roots_cross_concurrent_clients(
         async def roots(context: Any) -> ListRootsResult:
             return ListRootsResult(roots=[Root(uri=f"file:///clients/client-{index}")])  # type: ignore[arg-type]
 
-        # 64 Node processes start four at a time on two cores: a first call may wait past the default 30 s.
-        headers = {"Authorization": f"Bearer {TOKENS[_agent(index)]}"}
-        async with (
-            httpx2.AsyncClient(headers=headers, timeout=120) as http,
-            Client(
-                streamable_http_client(gateway.url, http_client=http),
-                mode="legacy",
-                list_roots_callback=roots,
-            ) as client,
-        ):
+        async with gateway.client(_agent(index), list_roots_callback=roots) as client:
             await client.call_tool(
                 "memory__create_entities",
                 {"entities": [{"name": f"secret-{index}", "entityType": "note", "observations": []}]},
@@ -410,28 +401,30 @@ async def test_through_bastion_serve_no_state_or_roots_cross_concurrent_clients(
             answer = _text(await client.call_tool("everything__get-roots-list", {}))
             seen[index] = ({entity["name"] for entity in graph["entities"]}, answer)
 
-    # Half the in-process tests' 32: each client starts two Node processes in `bastion serve`.
-    await _all_at_once(SERVE_CLIENTS, client_run)
+    await _all_at_once(CLIENTS, client_run)
     for index, (names, answer) in seen.items():
         assert names == {f"secret-{index}"}
         assert answer.count("file:///clients/") == 1 and f"file:///clients/client-{index}" in answer, answer
-    assert len(seen) == SERVE_CLIENTS
+    assert len(seen) == CLIENTS
 
 
 async def test_server_everything_offers_its_capability_gated_tools(tmp_path: Path) -> None:
     """The catalog's listing process declares every capability Bastion bridges (URL-mode elicitation
     included), so server-everything over stdio lists the four tools it registers only for clients
-    that can answer them (issue 22 point 2)."""
+    that can answer them (issue 22 point 2); a client that can answer them lists them too, from its
+    own process (one that cannot does not: ``test_stdio_owned_surface.py``)."""
     config = _config({"everything": _stdio(npm_server("everything", "stdio"))})
-    async with _gateway(tmp_path, config) as gateway, gateway.client("alice") as client:
+    able = {"list_roots_callback": _no_roots, "sampling_callback": _sample, "elicitation_callback": _elicit}
+    async with _gateway(tmp_path, config) as gateway, gateway.client("alice", **able) as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
+        catalog = set(gateway.gateway.fleet.catalog)
     gated = {
         "get-roots-list",
         "trigger-sampling-request",
         "trigger-elicitation-request",
         "trigger-url-elicitation",
     }
-    assert {f"everything__{name}" for name in gated} <= names
+    assert {f"everything__{name}" for name in gated} <= names & catalog
 
 
 async def test_revoking_an_agent_session_stops_only_its_process(

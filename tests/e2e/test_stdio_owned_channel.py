@@ -11,6 +11,7 @@ is what its own process shows a client with its capabilities (server-everything,
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +239,71 @@ async def test_through_bastion_serve_each_process_speaks_to_its_owner_alone(
             tg.start_soon(run, "bob")
     assert answers == {"alice": "file:///work/alice", "bob": "file:///work/bob"}
     assert heard == {"alice": ["tick 0", "tick 1"], "bob": []}
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # logging/setLevel
+async def test_an_agent_session_process_speaks_to_every_session_of_its_owner_alone(tmp_path: Path) -> None:
+    """``scope = "agent_session"``: alice's two client sessions share one process; its log messages
+    between calls reach both (each at its own level) and not bob, and a ``roots/list`` it asks between
+    calls goes to the alice session that can answer it (the one that declared roots)."""
+    heard: dict[str, list[str]] = {"alice-1": [], "alice-2": [], "bob": []}
+    both_heard = anyio.Event()
+
+    def hearing(who: str) -> Any:
+        async def on_log(params: Any) -> None:
+            heard[who].append(str(params.data))
+            if len(heard["alice-1"]) >= 2 and len(heard["alice-2"]) >= 2:
+                both_heard.set()
+
+        return on_log
+
+    async def list_roots(context: Any) -> ListRootsResult:
+        return ListRootsResult(roots=[Root(uri="file:///work/alice-2", name="alice-2")])  # type: ignore[arg-type]
+
+    async with _gateway(tmp_path, {"s": {**_speaker(), "scope": "agent_session"}}) as gateway:
+        with anyio.fail_after(45):
+            async with (
+                gateway.client("alice", logging_callback=hearing("alice-1")) as first,
+                gateway.client(
+                    "alice", logging_callback=hearing("alice-2"), list_roots_callback=list_roots
+                ) as second,
+                gateway.client("bob", logging_callback=hearing("bob")) as bob,
+            ):
+                for client in (first, second, bob):
+                    await client.set_logging_level("info")
+                    await client.call_tool("s__last_roots", {})  # each session now holds its process
+                upstream = gateway.gateway.fleet.upstreams["s"]
+                assert len(upstream.owned()) == 2  # type: ignore[attr-defined]  # alice's and bob's
+                assert _text(await first.call_tool("s__tick_later", {"count": 2})) == "scheduled"
+                await both_heard.wait()
+                assert _text(await first.call_tool("s__roots_later", {})) == "asking"
+                answer = ""
+                while not answer:
+                    answer = _text(await first.call_tool("s__last_roots", {}))
+                    await anyio.sleep(0.05)
+                await anyio.sleep(0.3)  # what would reach bob by mistake arrives with alice's
+    assert heard == {"alice-1": ["tick 0", "tick 1"], "alice-2": ["tick 0", "tick 1"], "bob": []}
+    assert answer == "file:///work/alice-2"
+
+
+async def test_a_sessionless_process_refuses_and_drops_between_calls_with_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sessionless requests give an agent session's process no stream between calls: a ``roots/list``
+    it asks then is refused to it, and its log messages are dropped, each with a log line."""
+    caplog.set_level(logging.WARNING, logger="bastion.upstream.owner_channels")
+    async with _gateway(tmp_path, {"s": _speaker()}) as gateway:
+        with anyio.fail_after(30):
+            async with gateway.client("alice", mode="auto") as client:
+                assert _text(await client.call_tool("s__roots_later", {})) == "asking"
+                answer = ""
+                while not answer:
+                    answer = _text(await client.call_tool("s__last_roots", {}))
+                    await anyio.sleep(0.05)
+                assert _text(await client.call_tool("s__tick_later", {"count": 1})) == "scheduled"
+                while not any("dropped" in r.getMessage() for r in caplog.records):
+                    await anyio.sleep(0.05)
+    assert answer.startswith("refused")
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("roots/list between calls" in m and "refused" in m for m in messages), messages
+    assert any("notifications/message between calls" in m and "dropped" in m for m in messages), messages

@@ -18,15 +18,11 @@ import orjson
 
 from bastion.session.state import PendingClientRequest, TransportSession
 from bastion.upstream.base import ClientDeclined
+from bastion.upstream.capability_sets import required_capability
 from bastion.upstream.era_paths import LOG_LEVELS
 
 __all__ = ["CLIENT_ANSWER_TIMEOUT_S", "ServerChannel"]
 
-_CAPABILITY_FOR = {
-    "sampling/createMessage": "sampling",
-    "elicitation/create": "elicitation",
-    "roots/list": "roots",
-}
 # A question on the GET stream may wait for a human (elicitation), but not forever.
 CLIENT_ANSWER_TIMEOUT_S = 120.0
 
@@ -55,10 +51,18 @@ class ServerChannel:
             return  # below the level this client set
         self._publish({"jsonrpc": "2.0", "method": method, "params": params})
 
+    def can_answer(self, method: str) -> bool:
+        transport_session = self._transport_session
+        capability = required_capability(method)
+        return (
+            not transport_session.terminated
+            and capability is not None
+            and capability in transport_session.client_capabilities
+        )
+
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         transport_session = self._transport_session
-        capability = _CAPABILITY_FOR.get(method)
-        if capability is None or capability not in transport_session.client_capabilities:
+        if not self.can_answer(method):
             raise ClientDeclined({"code": -32601, "message": f"{method} cannot be relayed to this client"})
         relay_id = transport_session.next_relay_id()
         pending = PendingClientRequest()

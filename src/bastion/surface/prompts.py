@@ -11,7 +11,7 @@ answered like an unknown one; (7) sent on the caller's own upstream session;
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bastion.admission.rounds import RoundStates
@@ -51,10 +51,14 @@ class PromptPath:
         self._limits = limits
         self._rounds = rounds if rounds is not None else RoundStates()
 
-    def visible(self, caller: Caller, snapshot: Snapshot) -> list[ToolEntry]:
+    async def view(self, caller: Caller, snapshot: Snapshot) -> Mapping[str, ToolEntry]:
+        """Every prompt this caller's upstreams show it: an owned stdio server's from its own process."""
+        return await self._fleet.prompt_view(lambda server: upstream_context(caller, snapshot, server))
+
+    async def visible(self, caller: Caller, snapshot: Snapshot) -> list[ToolEntry]:
         return [
             entry
-            for entry in self._fleet.prompt_catalog.values()
+            for entry in (await self.view(caller, snapshot)).values()
             if surface_visible(
                 snapshot,
                 caller.principal,
@@ -66,8 +70,9 @@ class PromptPath:
         ]
 
     async def list_prompts(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
-        # One page: the merged catalog is in memory, as tools/list's is.
-        return {"prompts": [dict(entry.definition) for entry in self.visible(caller, self._snapshot())]}
+        # One page, as tools/list's.
+        visible = await self.visible(caller, self._snapshot())
+        return {"prompts": [dict(entry.definition) for entry in visible]}
 
     async def resolve(
         self,
@@ -84,7 +89,7 @@ class PromptPath:
             ArgumentConstraintFailed: every covering grant's ``arguments_schema`` refuses (audited).
             RateLimited: an allowing grant's rate limit is spent (audited).
         """
-        entry = self._fleet.lookup_prompt(name)
+        entry = (await self.view(caller, snapshot)).get(name)
         unknown = UnknownPrompt(f"Unknown prompt: {name}", prompt=name)
         if entry is None:
             await record.refused(unknown)

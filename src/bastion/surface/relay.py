@@ -34,7 +34,6 @@ from bastion.surface.uris import UriTarget, resolve_uri
 from bastion.upstream.base import CallContext, Upstream, UpstreamReplied
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.wire_value import wire_problem
-from bastion.workers.attachment import owner_ref
 
 __all__ = [
     "AccessRecord",
@@ -57,11 +56,7 @@ def upstream_context(caller: Caller, snapshot: Snapshot, server: str) -> CallCon
         log_level=caller.log_level,
         client_answers_requests=caller.transport_session is not None,
         owner=caller.agent,
-        owner_ref=owner_ref(
-            caller.transport_session.id if caller.transport_session else None,
-            caller.agent,
-            caller.principal.agent_session_id,
-        ),
+        owner_ref=caller.owner_ref,
         agent_session_id=caller.principal.agent_session_id,
     )
 

@@ -17,14 +17,10 @@ import anyio
 from bastion.session.state import PendingClientRequest, TransportSession
 from bastion.transport.channel import ResponseChannel
 from bastion.upstream.base import ClientDeclined
+from bastion.upstream.capability_sets import required_capability
 
 __all__ = ["StreamRelay"]
 
-_CAPABILITY_FOR = {
-    "sampling/createMessage": "sampling",
-    "elicitation/create": "elicitation",
-    "roots/list": "roots",
-}
 _CLIENT_ANSWER_TIMEOUT_S = 600.0
 
 
@@ -43,7 +39,7 @@ class StreamRelay:
 
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         transport_session = self._transport_session
-        capability = _CAPABILITY_FOR.get(method)
+        capability = required_capability(method)
         if transport_session is None or capability is None:
             raise ClientDeclined({"code": -32601, "message": f"{method} cannot be relayed to this client"})
         if capability not in transport_session.client_capabilities:

@@ -117,6 +117,9 @@ class SessionChannel(Protocol):
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         """Deliver a notification on the client's own GET stream (log levels applied)."""
 
+    def can_answer(self, method: str) -> bool:
+        """Whether the client can be asked ``method`` here: it declared the capability, it is live."""
+
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Ask the client on its GET stream; returns its result or raises :class:`ClientDeclined`."""
 

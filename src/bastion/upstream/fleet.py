@@ -155,9 +155,6 @@ class UpstreamFleet:
     def lookup(self, exposed_name: str) -> ToolEntry | None:
         return self._catalog.get(exposed_name)
 
-    def lookup_prompt(self, exposed_name: str) -> ToolEntry | None:
-        return self._prompt_catalog.get(exposed_name)
-
     @property
     def prompt_catalog(self) -> Mapping[str, ToolEntry]:
         return self._prompt_catalog
@@ -190,53 +187,88 @@ class UpstreamFleet:
 
     async def refresh_prompts(self, name: str) -> None:
         """Learn ``name``'s prompts (all pages) and merge them into the prompt catalog."""
-        upstream = self.upstreams[name]
-        prompts: list[dict[str, Any]] = []
-        if self.offers(name, "prompts"):
-            ctx = CallContext(
-                relay=None, client_capabilities={}, timeout_s=self._snapshot.gateway.upstream_timeout_s
-            )
-            cursor: str | None = None
-            try:
-                for _ in range(100):
-                    result = await upstream.call("prompts/list", {"cursor": cursor} if cursor else {}, ctx)
-                    page = result.get("prompts")
-                    if isinstance(page, list):
-                        prompts.extend(p for p in page if isinstance(p, dict))
-                    cursor = result.get("nextCursor")
-                    if not isinstance(cursor, str) or not cursor:
-                        break
-            except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
-                logger.warning("listing prompts of upstream %s failed: %s", name, exc)
-                return
-        transparent = self.is_transparent(name)
-        entries = [
-            ToolEntry(
-                exposed_name=exposed_name(
-                    upstream.namespace, self._separator, p["name"], transparent=transparent
-                ),
-                server=name,
-                namespace=upstream.namespace,
-                upstream_name=p["name"],
-                definition=MappingProxyType(
-                    {
-                        **p,
-                        "name": exposed_name(
-                            upstream.namespace, self._separator, p["name"], transparent=transparent
-                        ),
-                    }
-                ),
-            )
-            for p in prompts
-            if isinstance(p.get("name"), str) and p["name"]
-        ]
-        entries = await self._pinned(name, PinKind.PROMPT, entries)
+        ctx = CallContext(
+            relay=None, client_capabilities={}, timeout_s=self._snapshot.gateway.upstream_timeout_s
+        )
+        try:
+            entries = await self._list_prompts(name, self.upstreams[name].call, ctx)
+        except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
+            logger.warning("listing prompts of upstream %s failed: %s", name, exc)
+            return
         async with self._refresh_lock:
             self._prompts_by_server[name] = entries
             merged, self.prompt_collisions = merge_catalog(self._prompts_by_server, self._prompt_catalog)
             if self.prompt_collisions:
                 logger.warning("prompt names collide, the newcomers are left out: %s", self.prompt_collisions)
             self._prompt_catalog = MappingProxyType(merged)
+
+    async def prompt_view(self, ctx_for: Callable[[str], CallContext]) -> Mapping[str, ToolEntry]:
+        """The prompts a client sees: the catalog's, except that an owned stdio server's are what the
+        client's own process lists (started now if need be; issue 22). ``ctx_for(server)`` is the
+        client's context for one server. Never raises for a server that fails to list: its catalog
+        entries stand in."""
+        owned = [
+            name
+            for name, upstream in self.upstreams.items()
+            if isinstance(upstream, StdioUpstream)
+            and upstream.owns_processes()
+            and self.offers(name, "prompts")
+        ]
+        if not owned:
+            return self._prompt_catalog
+        prompts_by_server = dict(self._prompts_by_server)
+        for name in owned:
+            ctx = ctx_for(name)
+            if ctx.owner_ref is None:
+                continue
+            upstream = self.upstreams[name]
+            assert isinstance(upstream, StdioUpstream)
+            try:
+                prompts_by_server[name] = await self._list_prompts(name, upstream.process_for(ctx).call, ctx)
+            except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
+                logger.warning("listing prompts of upstream %s for a client failed: %s", name, exc)
+        merged, collisions = merge_catalog(prompts_by_server, self._prompt_catalog)
+        if collisions:
+            logger.warning("prompt names collide in a client's view, newcomers left out: %s", collisions)
+        return MappingProxyType(merged)
+
+    async def _list_prompts(
+        self,
+        name: str,
+        call: Callable[[str, dict[str, Any], CallContext], Awaitable[dict[str, Any]]],
+        ctx: CallContext,
+    ) -> list[ToolEntry]:
+        """``name``'s prompts (all pages) as ``call`` lists them, as catalog entries."""
+        upstream = self.upstreams[name]
+        prompts: list[dict[str, Any]] = []
+        if self.offers(name, "prompts"):
+            cursor: str | None = None
+            for _ in range(100):
+                result = await call("prompts/list", {"cursor": cursor} if cursor else {}, ctx)
+                page = result.get("prompts")
+                if isinstance(page, list):
+                    prompts.extend(p for p in page if isinstance(p, dict))
+                cursor = result.get("nextCursor")
+                if not isinstance(cursor, str) or not cursor:
+                    break
+        transparent = self.is_transparent(name)
+        entries: list[ToolEntry] = []
+        for prompt in prompts:
+            if not isinstance(prompt.get("name"), str) or not prompt["name"]:
+                continue
+            exposed = exposed_name(
+                upstream.namespace, self._separator, prompt["name"], transparent=transparent
+            )
+            entries.append(
+                ToolEntry(
+                    exposed_name=exposed,
+                    server=name,
+                    namespace=upstream.namespace,
+                    upstream_name=prompt["name"],
+                    definition=MappingProxyType({**prompt, "name": exposed}),
+                )
+            )
+        return await self._pinned(name, PinKind.PROMPT, entries)  # issue 27
 
     async def refresh_server(self, name: str) -> None:
         upstream = self.upstreams[name]
@@ -272,23 +304,28 @@ class UpstreamFleet:
         *,
         log_level: str | None = None,
         owner: str | None = None,
+        owner_ref: str | None = None,
+        agent_session_id: str | None = None,
     ) -> Mapping[str, ToolEntry]:
         """The catalog a client sees: what each upstream shows a client with its capabilities.
 
         ``upstream_sessions`` is a session-era client's holder: its own upstream sessions
         are then asked (opened if need be), and the view is kept on the holder until a list
-        changes. Never raises for an upstream that fails to list: its catalog entries stand in.
+        changes. With ``owner_ref`` (the client's attachment reference), an owned stdio server's
+        tools are what the client's own process lists, started now if it has none (issue 22).
+        Never raises for an upstream that fails to list: its catalog entries stand in.
         """
         key = capability_key(client_capabilities)
-        own = upstream_sessions is not None and any(
-            (isinstance(u, HttpUpstream) and u.uses_own_session())
-            or (isinstance(u, StdioUpstream) and u.own_process(upstream_sessions) is not None)
-            for u in self.upstreams.values()
+        owned_stdio = owner_ref is not None and any(
+            isinstance(u, StdioUpstream) and u.owns_processes() for u in self.upstreams.values()
+        )
+        own = owned_stdio or (
+            upstream_sessions is not None
+            and any(isinstance(u, HttpUpstream) and u.uses_own_session() for u in self.upstreams.values())
         )
         if not own:
             return self._catalog if not key else (await self._capability_view(key, client_capabilities))[1]
-        assert upstream_sessions is not None
-        cached = upstream_sessions.view
+        cached = upstream_sessions.view if upstream_sessions is not None else None
         if isinstance(cached, tuple) and cached[0] == self.generation:
             view: Mapping[str, ToolEntry] = cached[1]
             return view
@@ -300,34 +337,42 @@ class UpstreamFleet:
             upstream_sessions=upstream_sessions,
             timeout_s=self._snapshot.gateway.upstream_timeout_s,
             log_level=log_level,
-            client_answers_requests=True,
+            client_answers_requests=upstream_sessions is not None,
             owner=owner,
+            owner_ref=owner_ref,
+            agent_session_id=agent_session_id,
         )
         tools_by_server = dict(by_set)
-        for name, upstream in self.upstreams.items():
-            # One that is down keeps its catalog entries: a listing would only wait out its timeout.
-            if (
-                isinstance(upstream, HttpUpstream)
-                and upstream.uses_own_session()
-                and upstream.health().connected
-            ):
-                try:
+
+        async def list_own(name: str, upstream: Upstream) -> None:
+            try:
+                # One that is down keeps its catalog entries: a listing would only wait out its timeout.
+                if (
+                    isinstance(upstream, HttpUpstream)
+                    and upstream_sessions is not None
+                    and upstream.uses_own_session()
+                    and upstream.health().connected
+                ):
                     listed = self._entries(name, await upstream.list_tools_own(ctx))[0]
                     tools_by_server[name] = await self._pinned(name, PinKind.TOOL, listed)
-                except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
-                    logger.warning("listing tools of upstream %s for a client failed: %s", name, exc)
-            elif isinstance(upstream, StdioUpstream):
-                # The client's own process, when it has one running: what it shows this client.
-                process = upstream.own_process(upstream_sessions)
-                if process is None or not process.health().connected:
-                    continue
-                try:
+                elif (
+                    isinstance(upstream, StdioUpstream)
+                    and upstream.owns_processes()
+                    and owner_ref is not None
+                ):
+                    # The client's own process (started now, at the bounds like a call's): what it
+                    # shows this client, before any call as after.
+                    process = upstream.process_for(ctx)
                     listed = self._entries(name, await process.list_tools())[0]
                     tools_by_server[name] = await self._pinned(name, PinKind.TOOL, listed)
-                except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
-                    logger.warning("listing tools of upstream %s for a client failed: %s", name, exc)
+            except (UpstreamError, UpstreamReplied, TimeoutError) as exc:
+                logger.warning("listing tools of upstream %s for a client failed: %s", name, exc)
+
+        async with anyio.create_task_group() as tg:  # a client's processes start side by side
+            for name, upstream in self.upstreams.items():
+                tg.start_soon(list_own, name, upstream)
         merged = self._merge_view(tools_by_server)
-        if upstream_sessions.view is cached:
+        if upstream_sessions is not None and upstream_sessions.view is cached:
             upstream_sessions.view = (generation, merged)
         return merged
 
@@ -344,9 +389,18 @@ class UpstreamFleet:
         *,
         log_level: str | None = None,
         owner: str | None = None,
+        owner_ref: str | None = None,
+        agent_session_id: str | None = None,
     ) -> ToolEntry | None:
         """``exposed`` in the client's view (:meth:`view_for`): a tool only its capabilities show."""
-        view = await self.view_for(client_capabilities, upstream_sessions, log_level=log_level, owner=owner)
+        view = await self.view_for(
+            client_capabilities,
+            upstream_sessions,
+            log_level=log_level,
+            owner=owner,
+            owner_ref=owner_ref,
+            agent_session_id=agent_session_id,
+        )
         return view.get(exposed)
 
     async def _capability_view(

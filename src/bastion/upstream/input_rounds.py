@@ -33,6 +33,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from bastion.errors import InputRoundUnknown, OutcomeUnknown, UpstreamProtocolError
 from bastion.upstream.base import CallContext, CallRelay, ClientDeclined, UpstreamReplied
+from bastion.upstream.capability_sets import required_capability
 from bastion.upstream.relay import RequestRelay
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
 PARK_TTL_S = 120.0
 STATE_PREFIX = "bastion-rs."
 MAX_ROUNDS = 10
-_INPUT_METHODS = frozenset({"sampling/createMessage", "elicitation/create", "roots/list"})
 # The requests whose 2026-07-28 result may be ``input_required`` (SEP-2322).
 _ROUND_METHODS = frozenset({"tools/call", "prompts/get", "resources/read"})
 
@@ -93,7 +93,7 @@ class InputRound(CallRelay):
         """Nothing to mirror: a sessionless client's request has no stream to resume."""
 
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        if method not in _INPUT_METHODS:
+        if required_capability(method) is None:
             raise ClientDeclined(
                 {"code": -32601, "message": f"{method} cannot be asked of a sessionless client"}
             )

@@ -37,10 +37,12 @@ from bastion.upstream.base import (
     CallContext,
     ListChangedCallback,
     ResourceUpdatedCallback,
+    SessionChannel,
     UpstreamEra,
     UpstreamHealth,
     UpstreamSessions,
 )
+from bastion.upstream.owner_channels import OwnerChannels
 from bastion.upstream.stdio_counts import ProcessCounts
 from bastion.upstream.stdio_pool import ProcessBudget
 from bastion.upstream.stdio_process import StdioProcess, declared_for
@@ -134,6 +136,10 @@ class StdioUpstream:
         owned = sum(1 for process in self._by_owner.values() if process.running)
         return (1 if self.listing.running else 0), owned
 
+    def owns_processes(self) -> bool:
+        """Whether each owner has its own process (every scope but ``shared``)."""
+        return self.scope is not ProcessScope.SHARED
+
     def owned(self) -> dict[str, StdioProcess]:
         """The owned processes running now, by owner reference."""
         return dict(self._by_owner)
@@ -200,7 +206,7 @@ class StdioUpstream:
         process = self._by_owner.get(owner) or self._spawn(owner, ctx)
         if holder is not None and not holder.closed:
             holder.put(self.name, process)
-            holder.view = None  # its tools/list now comes from this process (``own_process``)
+            holder.view = None  # its tools/list now comes from this process (UpstreamFleet.view_for)
             # Holders that closed (a listen stream that ended) are let go here.
             self._held_in[owner] = [h for h in self._held_in.get(owner, []) if not h.closed] + [holder]
         return process
@@ -215,10 +221,6 @@ class StdioUpstream:
         except UpstreamCapacity as refused:
             self.counts.capacity_refusals[str(refused.data.get("bound", ""))] += 1
             raise
-        holder = ctx.upstream_sessions
-        # A transport session's process speaks to it between calls on its GET stream; an agent
-        # session's process sits in many client sessions and has no one stream to speak on.
-        channel = holder.channel if holder is not None and owner.startswith(_TRANSPORT_SESSION_REF) else None
         process = StdioProcess(
             self.spec,
             restart_backoff_s=self._backoff,
@@ -226,7 +228,9 @@ class StdioUpstream:
             declared_capabilities=declared_for(ctx.client_capabilities),
             owner_ref=owner,
             spawn_gate=self._budget.spawn_gate,
-            channel=channel,
+            # Between calls it speaks to its owner's client sessions: a transport session's one, an
+            # agent session's every one that used it (none for sessionless requests: dropped, logged).
+            channel=OwnerChannels(self.name, lambda: self._channels_of(owner)),
             counts=self.counts,
         )
         process.on_resource_updated = self._resource_updated
@@ -235,17 +239,16 @@ class StdioUpstream:
         process.launch(self._task_group)
         return process
 
+    def _channels_of(self, owner: str) -> list[SessionChannel]:
+        """The live client sessions' channels that ``owner``'s process sits in, oldest first."""
+        return [
+            holder.channel
+            for holder in self._held_in.get(owner, [])
+            if not holder.closed and holder.channel is not None
+        ]
+
     async def list_tools(self) -> list[dict[str, Any]]:
         return await self.listing.list_tools()
-
-    def own_process(self, holder: UpstreamSessions) -> StdioProcess | None:
-        """The running process of the client session ``holder``, if it has one (never started here)."""
-        if self.scope is ProcessScope.SHARED:
-            return None
-        held = holder.get(self.name)
-        if isinstance(held, StdioProcess) and self._by_owner.get(held.owner_ref or "") is held:
-            return held
-        return None
 
     async def call(self, method: str, params: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
         return await self.process_for(ctx).call(method, params, ctx)

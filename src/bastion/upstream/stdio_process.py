@@ -10,7 +10,7 @@ only to the request that asked.
 A server-to-client request (sampling, elicitation, roots) carries no wire
 link to the call that caused it. On an owned process every call in flight is
 the owner's, so it goes to the owner (through one of its calls, or, with none
-in flight, on the owner's GET stream: its ``channel``, a transport session's);
+in flight, on a GET stream of the owner: its ``channel``, ``upstream/owner_channels.py``);
 on a process without an owner it is relayed only when exactly one client call
 is in flight, otherwise it is refused to the upstream (fail closed: never
 guess whom to ask). Log messages and list changes an owned process sends
@@ -33,7 +33,6 @@ import signal
 import tempfile
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -64,6 +63,11 @@ from bastion.upstream.base import (
     UpstreamHealth,
     UpstreamReplied,
 )
+from bastion.upstream.capability_sets import (
+    BRIDGED_CAPABILITIES,
+    EVERY_BRIDGED_CAPABILITY,
+    required_capability,
+)
 from bastion.upstream.delivery import NotificationBuffer
 from bastion.upstream.failure import describe_exit, describe_failure
 from bastion.upstream.input_rounds import ParkedRounds, asks_in_rounds, round_trip
@@ -73,17 +77,9 @@ from bastion.upstream.stdio_counts import ProcessCounts
 from bastion.versions import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION
 from bastion.wire_value import loads_exact
 
-__all__ = ["BRIDGEABLE_CAPABILITIES", "PROCESS_DIR", "StdioProcess", "declared_for"]
+__all__ = ["PROCESS_DIR", "StdioProcess", "declared_for"]
 
 logger = logging.getLogger(__name__)
-
-# Every client capability Bastion can bridge, declared to a process without an owner (URL-mode
-# elicitation included, issue 22 point 2). Each relayed request is still checked against the
-# capabilities of the one client it would reach.
-BRIDGEABLE_CAPABILITIES: Mapping[str, Any] = MappingProxyType(
-    {"sampling": {}, "elicitation": {"form": {}, "url": {}}, "roots": {"listChanged": True}}
-)
-
 
 # List changes of an owned process: they change its owner's view alone (issue 22).
 _OWNER_LIST_CHANGES = frozenset({"notifications/tools/list_changed", *SURFACE_LIST_CHANGED})
@@ -99,7 +95,7 @@ def declared_for(client_capabilities: Mapping[str, Any]) -> dict[str, Any]:
     return {
         key: dict(value) if isinstance(value, Mapping) else {}
         for key, value in client_capabilities.items()
-        if key in BRIDGEABLE_CAPABILITIES
+        if key in BRIDGED_CAPABILITIES
     }
 
 
@@ -130,7 +126,7 @@ class StdioProcess:
         on_list_changed: ListChangedCallback | None = None,
         restart_backoff_s: tuple[float, float] = (0.1, 5.0),
         on_process_event: Any = None,
-        declared_capabilities: Mapping[str, Any] = BRIDGEABLE_CAPABILITIES,
+        declared_capabilities: Mapping[str, Any] = EVERY_BRIDGED_CAPABILITY,
         owner_ref: str | None = None,
         spawn_gate: anyio.Semaphore | None = None,
         channel: SessionChannel | None = None,
@@ -543,11 +539,7 @@ class StdioProcess:
         if method == "ping":
             reply = {"jsonrpc": "2.0", "id": request_id, "result": {}}
         else:
-            capability = {
-                "sampling/createMessage": "sampling",
-                "elicitation/create": "elicitation",
-                "roots/list": "roots",
-            }.get(method)
+            capability = required_capability(method)
             only = self._only_caller()
             ask: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
             if capability is not None and only is not None and capability in only.capabilities:

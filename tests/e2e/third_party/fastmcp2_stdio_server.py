@@ -3,8 +3,9 @@
 Run by the FastMCP 2 interpreter of ``tests/e2e/third_party/servers.py`` (never imports bastion):
 ``python fastmcp2_stdio_server.py``. One process per client, as a stdio server is written for:
 ``roots_later`` asks its client ``roots/list`` after the call returned and keeps the answer
-(``last_roots`` reads it), ``tick_later`` sends log messages after the call returned, and ``grow``
-adds a tool and sends ``tools/list_changed``.
+(``last_roots`` reads it), ``tick_later`` sends log messages after the call returned, ``grow``
+adds a tool and sends ``tools/list_changed``, and ``grow_prompt`` adds a prompt and sends
+``prompts/list_changed``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,18 @@ async def grow(name: str, ctx: Context) -> str:
 
     server.tool(fresh, name=name)
     await ctx.send_tool_list_changed()
+    return "grown"
+
+
+@server.tool
+async def grow_prompt(name: str, ctx: Context) -> str:
+    """Add a prompt ``name`` to this process and tell this client that the prompts changed."""
+
+    def fresh() -> str:
+        return f"the prompt {name} of this process"
+
+    server.prompt(fresh, name=name)
+    await ctx.send_prompt_list_changed()
     return "grown"
 
 
