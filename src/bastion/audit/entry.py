@@ -56,6 +56,11 @@ class AuditEvent(enum.StrEnum):
     RECOVERY = "recovery"
     REVOCATION = "revocation"
     INPUT_REQUIRED = "input_required"  # a round of a call that asked its client for input (issue #8)
+    # A task an upstream created for a call, and what became of it (issue 24, tasks/relay.py).
+    TASK_CREATED = "task_created"
+    TASK_STATUS = "task_status"
+    TASK_RESULT = "task_result"
+    TASK_CANCEL = "task_cancel"
 
 
 class Decision(enum.StrEnum):

@@ -126,6 +126,12 @@ class TaskStore(Protocol):
         """
         ...
 
+    async def task_of_execution(
+        self, execution_id: ExecutionId, *, agent: AgentId, agent_session_id: str | None, now: datetime
+    ) -> TaskRecord | None:
+        """The owner's task that execution ``execution_id`` created, or ``None``; raises as get_task."""
+        ...
+
     async def list_tasks(
         self,
         *,

@@ -74,6 +74,16 @@ def get_task(
     return None if row is None else task_from_row(row)
 
 
+def task_of_execution(
+    execution_id: ExecutionId, agent: AgentId, agent_session_id: str | None, now: datetime
+) -> Op[TaskRecord | None]:
+    yield from _owner_may_act(agent_session_id, now, "")
+    row = yield from one(
+        SELECT_TASK + _OWNED + " AND execution_id = ?", agent, agent_session_id, execution_id
+    )
+    return None if row is None else task_from_row(row)
+
+
 def set_task_status(
     task_id: str,
     status: TaskStatus,

@@ -1,0 +1,195 @@
+"""2025-11-25 tasks through a real ``bastion serve``, against server-everything on stdio (issue 24).
+
+The lifecycle transcript (``tasks_lifecycle.py``) through the gateway equals the one direct; a
+second agent probing the first's task id gets the answer an unknown id gets; the execution that
+created a task is settled when the task is, and its replay is the same task, never a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from bastion.auth.bearer import hash_token
+from tests.e2e.issue4_support import ACCEPT, messages_of
+from tests.e2e.tasks_lifecycle import TASKS_CAPABILITY, Exchange, lifecycle, stdio_exchange
+from tests.e2e.test_shared_evidence_crash import bastion_serve
+from tests.e2e.third_party.servers import npm_server
+
+pytestmark = pytest.mark.anyio
+
+VERSION = "2025-11-25"
+TOKENS = {"alice": "alice-tasks-token", "bob": "bob-tasks-token"}
+RESEARCH = ("simulate-research-query", {"topic": "gateways"})
+DEADLINE_S = 90
+
+
+def write_config(path: Path) -> Path:
+    command = npm_server("everything", "stdio")
+    args = ", ".join(f'"{arg}"' for arg in command[1:])
+    agents = "".join(f'[agents.{name}]\ntoken_sha256 = "{hash_token(t)}"\n' for name, t in TOKENS.items())
+    path.write_text(
+        "[gateway]\nupstream_timeout_s = 60.0\n\n"
+        f'[servers.everything]\ncommand = "{command[0]}"\nargs = [{args}]\ntransparent = true\n\n{agents}'
+    )
+    return path
+
+
+@contextlib.asynccontextmanager
+async def http_exchange(http: httpx.AsyncClient, url: str, agent: str) -> AsyncIterator[Exchange]:
+    """A 2025-11-25 transport session of ``agent`` with the gateway, declaring the tasks capability."""
+    ids = itertools.count(1)
+    headers = {
+        "authorization": f"Bearer {TOKENS[agent]}",
+        "accept": ACCEPT,
+        "content-type": "application/json",
+    }
+    init = {
+        "protocolVersion": VERSION,
+        "capabilities": {"tasks": TASKS_CAPABILITY},
+        "clientInfo": {"name": "tasks-relay", "version": "0"},
+    }
+    opened = await http.post(
+        url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}
+    )
+    assert opened.status_code == 200, opened.text
+    exchange_headers = {
+        **headers,
+        "mcp-session-id": opened.headers["mcp-session-id"],
+        "mcp-protocol-version": VERSION,
+    }
+    acked = await http.post(
+        url, headers=exchange_headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+    )
+    assert acked.status_code == 202, acked.text
+
+    async def exchange(method: str, params: dict[str, Any]) -> dict[str, Any]:
+        request_id = next(ids)
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        response = await http.post(url, headers=exchange_headers, json=message)
+        for answer in messages_of(response):
+            if answer.get("id") == request_id:
+                return answer
+        raise AssertionError(f"no answer to {method}: {response.status_code} {response.text}")
+
+    exchange.capabilities = opened.json()["result"]["capabilities"]  # type: ignore[attr-defined]
+    yield exchange
+
+
+def task_call(execution_id: str) -> dict[str, Any]:
+    name, arguments = RESEARCH
+    return {
+        "name": name,
+        "arguments": arguments,
+        "task": {"ttl": 60000},
+        "_cmcp": {"execution_id": execution_id},
+    }
+
+
+@contextlib.asynccontextmanager
+async def serving(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    """``bastion serve`` in front of server-everything (stdio), data under ``tmp_path / "data"``."""
+    config = write_config(tmp_path / "gateway.toml")
+    async with (
+        httpx.AsyncClient(timeout=60) as http,
+        bastion_serve(config, tmp_path / "data", tmp_path / "gateway.log") as (_, url),
+    ):
+        yield http, url
+
+
+def rows(data_dir: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(f"file:{data_dir / 'bastion.db'}?mode=ro", uri=True)) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def events_of(data_dir: Path, execution_id: str) -> list[str]:
+    found = rows(data_dir, "SELECT entry FROM entries ORDER BY session_id, seq")
+    return [
+        entry["event"] for (raw,) in found if (entry := json.loads(raw)).get("execution_id") == execution_id
+    ]
+
+
+async def test_the_task_lifecycle_through_bastion_equals_direct(tmp_path: Path) -> None:
+    """Create, poll, collect, list, cancel-when-done, unknown id: the same transcript as direct."""
+    with anyio.fail_after(DEADLINE_S):
+        async with stdio_exchange(npm_server("everything", "stdio")) as direct:
+            expected = await lifecycle(direct, *RESEARCH)
+        async with (
+            serving(tmp_path) as (http, url),
+            http_exchange(http, url, "alice") as relayed,
+        ):
+            assert relayed.capabilities["tasks"] == TASKS_CAPABILITY  # type: ignore[attr-defined]
+            transcript = await lifecycle(relayed, *RESEARCH)
+    assert transcript == expected
+
+
+async def test_another_agents_task_id_is_an_unknown_id_and_a_task_settles_its_execution(
+    tmp_path: Path,
+) -> None:
+    """Bob's probe of Alice's task id answers as a made-up id does; Alice's replay is the same task;
+    the execution is invoking while the task works and completed when it completed."""
+    data_dir, call = tmp_path / "data", task_call("exec-t1")
+    with anyio.fail_after(DEADLINE_S):
+        async with (
+            serving(tmp_path) as (http, url),
+            http_exchange(http, url, "alice") as alice,
+            http_exchange(http, url, "bob") as bob,
+        ):
+            created = (await alice("tools/call", call))["result"]["task"]
+            task_id = created["taskId"]
+            assert task_id.startswith("task_")
+            [(upstream_id, state)] = rows(
+                data_dir,
+                "SELECT t.upstream_task_id, e.state FROM tasks t JOIN executions e"
+                " ON e.execution_id = t.execution_id WHERE t.task_id = ?",
+                task_id,
+            )
+            assert upstream_id != task_id and state == "invoking"
+            for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+                probed = await bob(method, {"taskId": task_id})
+                unknown = await bob(method, {"taskId": "task_" + "0" * 32})
+                assert probed["error"] == unknown["error"], method
+                assert probed["error"]["code"] == -32602
+                # The upstream's own id is nobody's handle either.
+                assert (await alice(method, {"taskId": upstream_id}))["error"] == unknown["error"]
+            assert (await bob("tasks/list", {}))["result"]["tasks"] == []
+            replayed = (await alice("tools/call", call))["result"]["task"]
+            assert replayed["taskId"] == task_id
+            result = (await alice("tasks/result", {"taskId": task_id}))["result"]
+            assert [item["type"] for item in result["content"]] == ["text"]
+            assert (await alice("tasks/get", {"taskId": task_id}))["result"]["status"] == "completed"
+    assert rows(data_dir, "SELECT count(*) FROM tasks") == [(1,)]  # one creation, the replay made none
+    assert rows(data_dir, "SELECT state FROM executions WHERE execution_id = 'exec-t1'") == [("completed",)]
+    events = events_of(data_dir, "exec-t1")
+    # The replay while the task works: refused as in flight (audited), answered with the same task.
+    assert events[:4] == ["admitted", "invoking", "task_created", "refused"]
+    assert "task_result" in events and events.count("completed") == 1
+
+
+async def test_a_cancelled_task_ends_its_execution_outcome_unknown(tmp_path: Path) -> None:
+    """tasks/cancel reaches the upstream; the task is cancelled, the execution outcome_unknown, audited."""
+    data_dir, call = tmp_path / "data", task_call("exec-c1")
+    with anyio.fail_after(DEADLINE_S):
+        async with (
+            serving(tmp_path) as (http, url),
+            http_exchange(http, url, "alice") as alice,
+        ):
+            task_id = (await alice("tools/call", call))["result"]["task"]["taskId"]
+            cancelled = (await alice("tasks/cancel", {"taskId": task_id}))["result"]
+            assert (cancelled["taskId"], cancelled["status"]) == (task_id, "cancelled")
+            assert (await alice("tasks/get", {"taskId": task_id}))["result"]["status"] == "cancelled"
+    assert rows(data_dir, "SELECT status FROM tasks") == [("cancelled",)]
+    assert rows(data_dir, "SELECT state FROM executions WHERE execution_id = 'exec-c1'") == [
+        ("outcome_unknown",)
+    ]
+    events = events_of(data_dir, "exec-c1")
+    assert "task_cancel" in events and events.count("outcome_unknown") == 1
