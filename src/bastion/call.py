@@ -173,7 +173,7 @@ class ToolCallPath:
         # Grant rate limits on resources, prompts and completion: the same limiters (issue 9).
         self.surface_limits = SurfaceLimits(limiter, shared_limits, monotonic)
         # Tasks a call asked for, owned in the store and routed back to their upstream (issue 24).
-        self.tasks = TaskRelay(store, fleet, snapshot)
+        self.tasks = TaskRelay(store, fleet, snapshot, metrics=telemetry.metrics if telemetry else None)
 
     async def call_tool(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         """Decide, admit, relay and record one tool call; returns the upstream's result with a receipt.

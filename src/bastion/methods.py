@@ -85,8 +85,9 @@ def for_sessionless_wire(method: str, result: dict[str, Any]) -> dict[str, Any]:
 Handler = Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-#: Governed requests besides tools/call that call_telemetry.py counts and logs (tools/call: call.py).
-_OBSERVED = frozenset({"resources/read", "prompts/get", "completion/complete"})
+#: Governed requests besides tools/call that call_telemetry.py counts and logs (tools/call: call.py);
+#: the task methods too (issue 24).
+_OBSERVED = frozenset({"resources/read", "prompts/get", "completion/complete"}) | SESSION_ERA_TASKS
 
 
 class MethodRouter:

@@ -187,6 +187,10 @@ async def test_a_cancelled_task_ends_its_execution_outcome_unknown(tmp_path: Pat
             cancelled = (await alice("tasks/cancel", {"taskId": task_id}))["result"]
             assert (cancelled["taskId"], cancelled["status"]) == (task_id, "cancelled")
             assert (await alice("tasks/get", {"taskId": task_id}))["result"]["status"] == "cancelled"
+            metrics = (await http.get(url.removesuffix("/mcp") + "/metrics")).text
+    assert 'bastion_tasks_created_total{server="everything"} 1.0' in metrics
+    assert 'bastion_tasks_terminal_total{server="everything",status="cancelled"} 1.0' in metrics
+    assert 'bastion_requests_total{method="tasks/cancel",outcome="completed",reason=""} 1.0' in metrics
     assert rows(data_dir, "SELECT status FROM tasks") == [("cancelled",)]
     assert rows(data_dir, "SELECT state FROM executions WHERE execution_id = 'exec-c1'") == [
         ("outcome_unknown",)

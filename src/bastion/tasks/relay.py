@@ -43,6 +43,7 @@ from bastion.call_context import call_context
 from bastion.caller import Caller
 from bastion.errors import InvalidParams, OutcomeUnknown, UpstreamProtocolError
 from bastion.ids import EvidenceSessionId
+from bastion.metrics import CallMetrics
 from bastion.policy.snapshot import Snapshot
 from bastion.store.base import ExecutionStep, Store
 from bastion.store.tasks import NewTask, TaskRecord, TaskStatus
@@ -90,7 +91,15 @@ def _unknown_task() -> InvalidParams:
 class TaskRelay:
     """Creates, routes and settles the tasks of one gateway's calls (state lives in the store)."""
 
-    def __init__(self, store: Store, fleet: UpstreamFleet, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        fleet: UpstreamFleet,
+        snapshot: Callable[[], Snapshot],
+        *,
+        metrics: CallMetrics | None = None,
+    ) -> None:
+        self._metrics = metrics
         self._store = store
         self._fleet = fleet
         self._snapshot = snapshot
@@ -163,6 +172,8 @@ class TaskRelay:
             ),
             now=caller.evidence.now(),
         )
+        if self._metrics is not None:
+            self._metrics.task_created(server)
         entries = await caller.evidence.record_many(
             [
                 (
@@ -312,6 +323,8 @@ class TaskRelay:
         )
         if moved is None or not moved[1]:
             return  # another request (any replica) recorded it first, or it was terminal already
+        if self._metrics is not None and status in _TERMINAL_EXECUTION:
+            self._metrics.task_ended(record.server, status.value)
         if status not in _TERMINAL_EXECUTION:
             await self._audit(caller, record, AuditEvent.TASK_STATUS, outcome=status.value)
             return
