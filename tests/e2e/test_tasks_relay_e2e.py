@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
+import signal
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +22,13 @@ import httpx
 import pytest
 
 from bastion.auth.bearer import hash_token
-from tests.e2e.issue4_support import ACCEPT, messages_of
+from tests.e2e.issue4_support import (
+    ACCEPT,
+    ADMIN_TOKEN,
+    create_agent_session,
+    messages_of,
+    revoke_agent_session,
+)
 from tests.e2e.tasks_lifecycle import TASKS_CAPABILITY, Exchange, lifecycle, stdio_exchange
 from tests.e2e.test_shared_evidence_crash import bastion_serve
 from tests.e2e.third_party.servers import npm_server
@@ -38,6 +46,7 @@ def write_config(path: Path) -> Path:
     args = ", ".join(f'"{arg}"' for arg in command[1:])
     agents = "".join(f'[agents.{name}]\ntoken_sha256 = "{hash_token(t)}"\n' for name, t in TOKENS.items())
     path.write_text(
+        f'[auth]\nadmin_token_sha256 = "{hash_token(ADMIN_TOKEN)}"\n\n'
         "[gateway]\nupstream_timeout_s = 60.0\n\n"
         f'[servers.everything]\ncommand = "{command[0]}"\nargs = [{args}]\ntransparent = true\n\n{agents}'
     )
@@ -46,10 +55,11 @@ def write_config(path: Path) -> Path:
 
 @contextlib.asynccontextmanager
 async def http_exchange(http: httpx.AsyncClient, url: str, agent: str) -> AsyncIterator[Exchange]:
-    """A 2025-11-25 transport session of ``agent`` with the gateway, declaring the tasks capability."""
+    """A 2025-11-25 transport session of ``agent`` (a name of ``TOKENS``, else a bearer token) with
+    the gateway, declaring the tasks capability."""
     ids = itertools.count(1)
     headers = {
-        "authorization": f"Bearer {TOKENS[agent]}",
+        "authorization": f"Bearer {TOKENS.get(agent, agent)}",
         "accept": ACCEPT,
         "content-type": "application/json",
     }
@@ -96,14 +106,14 @@ def task_call(execution_id: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def serving(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+async def serving(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, str, int]]:
     """``bastion serve`` in front of server-everything (stdio), data under ``tmp_path / "data"``."""
     config = write_config(tmp_path / "gateway.toml")
     async with (
         httpx.AsyncClient(timeout=60) as http,
-        bastion_serve(config, tmp_path / "data", tmp_path / "gateway.log") as (_, url),
+        bastion_serve(config, tmp_path / "data", tmp_path / "gateway.log") as (process, url),
     ):
-        yield http, url
+        yield http, url, process.pid
 
 
 def rows(data_dir: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -124,7 +134,7 @@ async def test_the_task_lifecycle_through_bastion_equals_direct(tmp_path: Path) 
         async with stdio_exchange(npm_server("everything", "stdio")) as direct:
             expected = await lifecycle(direct, *RESEARCH)
         async with (
-            serving(tmp_path) as (http, url),
+            serving(tmp_path) as (http, url, _),
             http_exchange(http, url, "alice") as relayed,
         ):
             assert relayed.capabilities["tasks"] == TASKS_CAPABILITY  # type: ignore[attr-defined]
@@ -140,7 +150,7 @@ async def test_another_agents_task_id_is_an_unknown_id_and_a_task_settles_its_ex
     data_dir, call = tmp_path / "data", task_call("exec-t1")
     with anyio.fail_after(DEADLINE_S):
         async with (
-            serving(tmp_path) as (http, url),
+            serving(tmp_path) as (http, url, _),
             http_exchange(http, url, "alice") as alice,
             http_exchange(http, url, "bob") as bob,
         ):
@@ -180,7 +190,7 @@ async def test_a_cancelled_task_ends_its_execution_outcome_unknown(tmp_path: Pat
     data_dir, call = tmp_path / "data", task_call("exec-c1")
     with anyio.fail_after(DEADLINE_S):
         async with (
-            serving(tmp_path) as (http, url),
+            serving(tmp_path) as (http, url, _),
             http_exchange(http, url, "alice") as alice,
         ):
             task_id = (await alice("tools/call", call))["result"]["task"]["taskId"]
@@ -197,3 +207,71 @@ async def test_a_cancelled_task_ends_its_execution_outcome_unknown(tmp_path: Pat
     ]
     events = events_of(data_dir, "exec-c1")
     assert "task_cancel" in events and events.count("outcome_unknown") == 1
+
+
+def children_running(parent: int, name: str) -> list[int]:
+    """The pids of ``parent``'s child processes whose command line names ``name`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == parent and name.encode() in (stat.parent / "cmdline").read_bytes():
+                found.append(int(stat.parent.name))
+    return found
+
+
+async def test_a_task_whose_upstream_died_ends_its_execution_outcome_unknown(tmp_path: Path) -> None:
+    """The upstream process that held a working task is killed: the next poll answers outcome_unknown,
+    the task is recorded failed and its execution outcome_unknown, once; a replay makes no second task."""
+    data_dir, call = tmp_path / "data", task_call("exec-l1")
+    with anyio.fail_after(DEADLINE_S):
+        async with serving(tmp_path) as (http, url, gateway_pid), http_exchange(http, url, "alice") as alice:
+            task_id = (await alice("tools/call", call))["result"]["task"]["taskId"]
+            killed = children_running(gateway_pid, "server-everything")
+            assert len(killed) == 2, killed
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)  # the gateway's own children: the listing and alice's process
+            while (answer := await alice("tasks/get", {"taskId": task_id})).get("error", {}).get(
+                "code"
+            ) == -32060:
+                await anyio.sleep(0.1)  # upstream_unavailable while the process restarts
+            assert answer["error"]["code"] == -32063, answer  # outcome_unknown
+            assert answer["error"]["data"]["reason"] == "outcome_unknown"
+            again = await alice("tasks/get", {"taskId": task_id})
+            assert again["error"]["code"] == -32063
+            replayed = await alice("tools/call", call)
+            assert replayed["error"]["data"]["reason"] == "execution_replay", replayed
+    assert rows(data_dir, "SELECT status FROM tasks") == [("failed",)]
+    assert rows(data_dir, "SELECT state FROM executions WHERE execution_id = 'exec-l1'") == [
+        ("outcome_unknown",)
+    ]
+    assert events_of(data_dir, "exec-l1").count("outcome_unknown") == 1
+
+
+async def test_another_agent_session_of_the_same_agent_and_a_revoked_one_cannot_reach_a_task(
+    tmp_path: Path,
+) -> None:
+    """A task belongs to the agent session that created it: the same agent's other session gets the
+    unknown-id answer; once its own session is revoked, its credential reaches nothing."""
+    call = task_call("exec-r1")
+    with anyio.fail_after(DEADLINE_S):
+        async with serving(tmp_path) as (http, url, _):
+            origin = url.removesuffix("/mcp")
+            first = await create_agent_session(http, origin, agent="alice")
+            second = await create_agent_session(http, origin, agent="alice")
+            async with (
+                http_exchange(http, url, first.token) as owner,
+                http_exchange(http, url, second.token) as other,
+            ):
+                task_id = (await owner("tools/call", call))["result"]["task"]["taskId"]
+                unknown = await other("tasks/get", {"taskId": "task_" + "0" * 32})
+                assert (await other("tasks/get", {"taskId": task_id}))["error"] == unknown["error"]
+                assert (await other("tasks/list", {}))["result"]["tasks"] == []
+                assert (await owner("tasks/get", {"taskId": task_id}))["result"]["taskId"] == task_id
+                await revoke_agent_session(http, origin, first.agent_session_id)
+                refused = await http.post(
+                    url,
+                    headers={"authorization": f"Bearer {first.token}", "accept": ACCEPT},
+                    json={"jsonrpc": "2.0", "id": 9, "method": "tasks/get", "params": {"taskId": task_id}},
+                )
+                assert refused.status_code == 401, refused.text
