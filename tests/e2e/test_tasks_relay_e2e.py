@@ -27,6 +27,7 @@ from tests.e2e.issue4_support import (
     ADMIN_TOKEN,
     create_agent_session,
     messages_of,
+    reload_policy,
     revoke_agent_session,
 )
 from tests.e2e.tasks_lifecycle import TASKS_CAPABILITY, Exchange, lifecycle, stdio_exchange
@@ -41,14 +42,20 @@ RESEARCH = ("simulate-research-query", {"topic": "gateways"})
 DEADLINE_S = 90
 
 
-def write_config(path: Path) -> Path:
+def write_config(path: Path, granted: tuple[str, ...] | None = None) -> Path:
+    """The gateway's file; with ``granted``, grants of every tool of the server to those agents only."""
     command = npm_server("everything", "stdio")
+    grants = "".join(
+        f'\n[[grants]]\nagent = "{agent}"\nservers = ["everything"]\ntools = ["*"]\n'
+        for agent in granted or ()
+    )
     args = ", ".join(f'"{arg}"' for arg in command[1:])
     agents = "".join(f'[agents.{name}]\ntoken_sha256 = "{hash_token(t)}"\n' for name, t in TOKENS.items())
     path.write_text(
         f'[auth]\nadmin_token_sha256 = "{hash_token(ADMIN_TOKEN)}"\n\n'
         "[gateway]\nupstream_timeout_s = 60.0\n\n"
-        f'[servers.everything]\ncommand = "{command[0]}"\nargs = [{args}]\ntransparent = true\n\n{agents}'
+        f'[servers.everything]\ncommand = "{command[0]}"\nargs = [{args}]\ntransparent = true\n\n'
+        f"{agents}{grants}"
     )
     return path
 
@@ -275,3 +282,20 @@ async def test_another_agent_session_of_the_same_agent_and_a_revoked_one_cannot_
                     json={"jsonrpc": "2.0", "id": 9, "method": "tasks/get", "params": {"taskId": task_id}},
                 )
                 assert refused.status_code == 401, refused.text
+
+
+async def test_a_task_whose_server_the_grants_no_longer_name_is_an_unknown_id(tmp_path: Path) -> None:
+    """After a reload that takes alice's grant of the server away, her task id answers as unknown."""
+    call = task_call("exec-g1")
+    with anyio.fail_after(DEADLINE_S):
+        async with serving(tmp_path) as (http, url, _):
+            write_config(tmp_path / "gateway.toml", granted=("alice", "bob"))
+            assert (await reload_policy(http, url.removesuffix("/mcp"))).status_code == 200
+            async with http_exchange(http, url, "alice") as alice:
+                task_id = (await alice("tools/call", call))["result"]["task"]["taskId"]
+                assert (await alice("tasks/get", {"taskId": task_id}))["result"]["taskId"] == task_id
+                write_config(tmp_path / "gateway.toml", granted=("bob",))
+                assert (await reload_policy(http, url.removesuffix("/mcp"))).status_code == 200
+                unknown = await alice("tasks/get", {"taskId": "task_" + "0" * 32})
+                for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+                    assert (await alice(method, {"taskId": task_id}))["error"] == unknown["error"], method

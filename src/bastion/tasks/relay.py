@@ -8,7 +8,8 @@ session) and a fresh gateway id (``task_`` + 128 random bits, ``store/task_opera
 the client sees only that id. The upstream's id never leaves the gateway, so an id is worth
 nothing to anyone but its owner: the store is keyed per owner, and another owner's id, a revoked
 agent session's, or a made-up one all answer as the same unknown task (-32602, the upstream's own
-answer to an unknown id) before any upstream is asked.
+answer to an unknown id) before any upstream is asked; so does a task whose server no grant of
+the caller names any more (checked per server: the store keeps no tool name for a task).
 
 ``tasks/get``, ``tasks/result``, ``tasks/cancel`` go to the server that created the task, on the
 caller's own upstream session or process (``call_context.py``), with the upstream's id; the
@@ -44,12 +45,14 @@ from bastion.caller import Caller
 from bastion.errors import InvalidParams, OutcomeUnknown, UpstreamProtocolError
 from bastion.ids import EvidenceSessionId
 from bastion.metrics import CallMetrics
+from bastion.policy.decide import server_visible
 from bastion.policy.snapshot import Snapshot
 from bastion.store.base import ExecutionStep, Store
 from bastion.store.tasks import NewTask, TaskRecord, TaskStatus
 from bastion.tasks.support import TASK_PARAM
 from bastion.upstream.base import UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
+from bastion.wire_value import wire_problem
 
 __all__ = ["RELATED_TASK_META_KEY", "TaskRelay", "relayed_tasks_capability"]
 
@@ -266,7 +269,13 @@ class TaskRelay:
             agent_session_id=caller.principal.agent_session_id,
             now=caller.evidence.now(),
         )
-        if record is None or record.server not in self._fleet.upstreams:
+        upstream = self._fleet.upstreams.get(record.server) if record is not None else None
+        # The grants in force still name its server (a reload may have taken it away): else unknown.
+        if (
+            record is None
+            or upstream is None
+            or not server_visible(self._snapshot(), caller.principal, record.server, upstream.namespace)
+        ):
             raise _unknown_task()
         return record
 
@@ -282,7 +291,15 @@ class TaskRelay:
         request = {"taskId": record.upstream_task_id}
         ctx = call_context(caller, snapshot, record.server, request)
         try:
-            return await self._fleet.upstreams[record.server].call(method, request, ctx)
+            answer = await self._fleet.upstreams[record.server].call(method, request, ctx)
+            problem = wire_problem(answer)
+            if problem is not None:
+                raise UpstreamProtocolError(
+                    "Upstream answered a result the gateway cannot relay",
+                    may_have_acted=True,
+                    problem=problem,
+                )
+            return answer
         except UpstreamReplied as exc:
             if not (on_unknown and exc.error.get("code") == _INVALID_PARAMS and not record.terminal):
                 raise
