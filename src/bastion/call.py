@@ -435,10 +435,11 @@ class ToolCallPath:
             except (ExecutionInFlight, ExecutionReplay):
                 # The replay of an execution that created a task is that task, never a second one.
                 task = await self.tasks.task_of_execution(caller, execution_id) if as_task else None
-                if task is None:
+                replayed = await self.tasks.replayed(caller, task) if task is not None else None
+                if replayed is None:
                     raise
                 attempt.outcome, attempt.outcome_reason = "task_replayed", None
-                return await self.tasks.replayed(caller, task)
+                return replayed
         elif execution_id is None and not entry.read_only:
             # Without an execution id there is no state to move, but a tool that may act has its
             # admitted entry durable before the send (group-committed with other writes), so a

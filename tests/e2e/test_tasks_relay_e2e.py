@@ -31,10 +31,13 @@ from tests.e2e.issue4_support import (
     revoke_agent_session,
 )
 from tests.e2e.tasks_lifecycle import TASKS_CAPABILITY, Exchange, lifecycle, stdio_exchange
+from tests.e2e.test_capability_views_e2e import everything_url
 from tests.e2e.test_shared_evidence_crash import bastion_serve
 from tests.e2e.third_party.servers import npm_server
 
 pytestmark = pytest.mark.anyio
+
+__all__ = ["everything_url"]  # the fixture, used by name
 
 VERSION = "2025-11-25"
 TOKENS = {"alice": "alice-tasks-token", "bob": "bob-tasks-token"}
@@ -42,20 +45,24 @@ RESEARCH = ("simulate-research-query", {"topic": "gateways"})
 DEADLINE_S = 90
 
 
-def write_config(path: Path, granted: tuple[str, ...] | None = None) -> Path:
-    """The gateway's file; with ``granted``, grants of every tool of the server to those agents only."""
-    command = npm_server("everything", "stdio")
+def write_config(path: Path, granted: tuple[str, ...] | None = None, *, url: str | None = None) -> Path:
+    """The gateway's file: server-everything on stdio, or at ``url``; with ``granted``, grants of
+    every tool of the server to those agents only."""
+    if url is None:
+        command = npm_server("everything", "stdio")
+        args = ", ".join(f'"{arg}"' for arg in command[1:])
+        server = f'command = "{command[0]}"\nargs = [{args}]'
+    else:
+        server = f'url = "{url}"'
     grants = "".join(
         f'\n[[grants]]\nagent = "{agent}"\nservers = ["everything"]\ntools = ["*"]\n'
         for agent in granted or ()
     )
-    args = ", ".join(f'"{arg}"' for arg in command[1:])
     agents = "".join(f'[agents.{name}]\ntoken_sha256 = "{hash_token(t)}"\n' for name, t in TOKENS.items())
     path.write_text(
         f'[auth]\nadmin_token_sha256 = "{hash_token(ADMIN_TOKEN)}"\n\n'
         "[gateway]\nupstream_timeout_s = 60.0\n\n"
-        f'[servers.everything]\ncommand = "{command[0]}"\nargs = [{args}]\ntransparent = true\n\n'
-        f"{agents}{grants}"
+        f"[servers.everything]\n{server}\ntransparent = true\n\n{agents}{grants}"
     )
     return path
 
@@ -93,12 +100,14 @@ async def http_exchange(http: httpx.AsyncClient, url: str, agent: str) -> AsyncI
         request_id = next(ids)
         message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         response = await http.post(url, headers=exchange_headers, json=message)
+        assert response.status_code == 200, (method, response.status_code, response.text)
         for answer in messages_of(response):
             if answer.get("id") == request_id:
                 return answer
         raise AssertionError(f"no answer to {method}: {response.status_code} {response.text}")
 
-    exchange.capabilities = opened.json()["result"]["capabilities"]  # type: ignore[attr-defined]
+    [initialized] = [m for m in messages_of(opened) if m.get("id") == 0]
+    exchange.capabilities = initialized["result"]["capabilities"]  # type: ignore[attr-defined]
     yield exchange
 
 
@@ -113,9 +122,12 @@ def task_call(execution_id: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def serving(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, str, int]]:
-    """``bastion serve`` in front of server-everything (stdio), data under ``tmp_path / "data"``."""
-    config = write_config(tmp_path / "gateway.toml")
+async def serving(
+    tmp_path: Path, *, upstream_url: str | None = None
+) -> AsyncIterator[tuple[httpx.AsyncClient, str, int]]:
+    """``bastion serve`` in front of server-everything (stdio, or at ``upstream_url``), data under
+    ``tmp_path / "data"``."""
+    config = write_config(tmp_path / "gateway.toml", url=upstream_url)
     async with (
         httpx.AsyncClient(timeout=60) as http,
         bastion_serve(config, tmp_path / "data", tmp_path / "gateway.log") as (process, url),
@@ -145,6 +157,24 @@ async def test_the_task_lifecycle_through_bastion_equals_direct(tmp_path: Path) 
             http_exchange(http, url, "alice") as relayed,
         ):
             assert relayed.capabilities["tasks"] == TASKS_CAPABILITY  # type: ignore[attr-defined]
+            transcript = await lifecycle(relayed, *RESEARCH)
+    assert transcript == expected
+
+
+async def test_the_task_lifecycle_through_bastion_to_an_http_upstream_equals_direct(
+    tmp_path: Path, everything_url: str
+) -> None:
+    """server-everything over Streamable HTTP (session era): the same transcript through Bastion."""
+    with anyio.fail_after(DEADLINE_S):
+        async with (
+            httpx.AsyncClient(timeout=60) as http,
+            http_exchange(http, everything_url, "alice") as direct,
+        ):
+            expected = await lifecycle(direct, *RESEARCH)
+        async with (
+            serving(tmp_path, upstream_url=everything_url) as (http, url, _),
+            http_exchange(http, url, "alice") as relayed,
+        ):
             transcript = await lifecycle(relayed, *RESEARCH)
     assert transcript == expected
 
@@ -238,14 +268,17 @@ async def test_a_task_whose_upstream_died_ends_its_execution_outcome_unknown(tmp
             assert len(killed) == 2, killed
             for pid in killed:
                 os.kill(pid, signal.SIGKILL)  # the gateway's own children: the listing and alice's process
-            while (answer := await alice("tasks/get", {"taskId": task_id})).get("error", {}).get(
-                "code"
-            ) == -32060:
-                await anyio.sleep(0.1)  # upstream_unavailable while the process restarts
-            assert answer["error"]["code"] == -32063, answer  # outcome_unknown
-            assert answer["error"]["data"]["reason"] == "outcome_unknown"
-            again = await alice("tasks/get", {"taskId": task_id})
-            assert again["error"]["code"] == -32063
+            # Until the loss is recorded: upstream_unavailable while the process restarts, or
+            # outcome_unknown (a poll the dying process took, or the poll that found it lost).
+            while rows(data_dir, "SELECT status FROM tasks") != [("failed",)]:
+                answer = await alice("tasks/get", {"taskId": task_id})
+                assert answer["error"]["code"] in (-32060, -32063), answer
+                await anyio.sleep(0.1)
+            assert (
+                answer["error"]["code"] == -32063 and answer["error"]["data"]["reason"] == "outcome_unknown"
+            )
+            # Recorded lost: the upstream's own answer to an id it does not know, nothing recorded twice.
+            assert (await alice("tasks/get", {"taskId": task_id}))["error"]["code"] == -32602
             replayed = await alice("tools/call", call)
             assert replayed["error"]["data"]["reason"] == "execution_replay", replayed
     assert rows(data_dir, "SELECT status FROM tasks") == [("failed",)]

@@ -187,9 +187,18 @@ class TaskRelay:
         )
         return {**result, "task": {**task, "taskId": record.task_id}}, (entries[-1] if entries else None)
 
-    async def replayed(self, caller: Caller, record: TaskRecord) -> dict[str, Any]:
-        """A replay of the execution that created ``record``: the same task, as its upstream shows it."""
-        return {"task": await self._poll(caller, record)}
+    async def replayed(self, caller: Caller, record: TaskRecord) -> dict[str, Any] | None:
+        """A replay of the execution that created ``record``: the same task, as its upstream shows it;
+        ``None`` for a finished task its upstream no longer knows (the replay refusal then stands).
+
+        Raises ``OutcomeUnknown`` when the upstream lost the task while it was live (recorded).
+        """
+        try:
+            return {"task": await self._poll(caller, record)}
+        except UpstreamReplied:
+            if record.terminal:
+                return None
+            raise
 
     async def task_of_execution(self, caller: Caller, execution_id: Any) -> TaskRecord | None:
         return await self._store.task_of_execution(
