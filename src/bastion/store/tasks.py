@@ -13,7 +13,7 @@ says nothing to an agent that does not own it. The owner's agent session is
 checked in the same transaction (revoked or expired: refused, whatever the
 task id), so a revoked agent session can no longer read or steer its tasks at
 any replica. A status moves from live to terminal once; the first terminal
-status wins. One task per execution: a second creation for an execution id is
+status wins. One task per execution (of an agent): a second creation for its execution id is
 a :class:`~bastion.errors.Conflict`.
 
 Unfenced, as agent sessions are: a task row records what an upstream answered,

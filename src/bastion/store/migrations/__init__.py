@@ -18,6 +18,7 @@ from bastion.store.migrations import (
     postgres_0004_replicas,
     postgres_0005_store_owners,
     postgres_0006_tasks,
+    postgres_0007_tasks_per_agent,
     sqlite_0001_initial,
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
@@ -28,6 +29,7 @@ from bastion.store.migrations import (
     sqlite_0008_entries_appended,
     sqlite_0009_store_owner,
     sqlite_0010_tasks,
+    sqlite_0011_tasks_per_agent,
 )
 
 __all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS", "Migration"]
@@ -51,6 +53,7 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "entries_appended", sqlite_0008_entries_appended.STATEMENTS),
     Migration(9, "store_owner", sqlite_0009_store_owner.STATEMENTS),
     Migration(10, "tasks", sqlite_0010_tasks.STATEMENTS),
+    Migration(11, "tasks_per_agent", sqlite_0011_tasks_per_agent.STATEMENTS),
 )
 
 POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
@@ -60,6 +63,7 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "replicas", postgres_0004_replicas.STATEMENTS),
     Migration(5, "store_owners", postgres_0005_store_owners.STATEMENTS),
     Migration(6, "tasks", postgres_0006_tasks.STATEMENTS),
+    Migration(7, "tasks_per_agent", postgres_0007_tasks_per_agent.STATEMENTS),
 )
 
 # Each list is dense and ordered: migration n sits at index n - 1.

@@ -43,7 +43,7 @@ def create_task(task_id: str, task: NewTask, now: datetime, now_us: int) -> Op[T
     yield from _owner_may_act(task.agent_session_id, now, "FOR SHARE")
     execution_id, server = task.execution_id, task.server
     replayed = execution_id is not None and (
-        yield from one("SELECT 1 FROM tasks WHERE execution_id = ?", execution_id)
+        yield from one("SELECT 1 FROM tasks WHERE agent = ? AND execution_id = ?", task.agent, execution_id)
     )
     if replayed:
         raise Conflict("this execution already created a task", execution_id=execution_id)
