@@ -162,6 +162,9 @@ class MethodRouter:
         handler = self._handlers.get(method)
         if handler is None or (not sessionless and method in MODERN_ONLY):
             raise MethodNotFound(f"Method not found: {method}", method=method)
+        if method in SESSION_ERA_TASKS and "tasks" not in self.capabilities_for(caller.principal):
+            # No server this principal sees offers tasks: the method is not served, as upstream.
+            raise MethodNotFound(f"Method not found: {method}", method=method)
         if self._telemetry is not None and method in _OBSERVED:
             return await self._telemetry.request(method, str(caller.agent), lambda: handler(caller, params))
         return await handler(caller, params)

@@ -318,7 +318,8 @@ async def test_another_agent_session_of_the_same_agent_and_a_revoked_one_cannot_
 
 
 async def test_a_task_whose_server_the_grants_no_longer_name_is_an_unknown_id(tmp_path: Path) -> None:
-    """After a reload that takes alice's grant of the server away, her task id answers as unknown."""
+    """After a reload that takes alice's grant of the server away, her task id answers as a made-up
+    one (with no tasks server left to her, the methods are not found at all)."""
     call = task_call("exec-g1")
     with anyio.fail_after(DEADLINE_S):
         async with serving(tmp_path) as (http, url, _):
@@ -329,6 +330,25 @@ async def test_a_task_whose_server_the_grants_no_longer_name_is_an_unknown_id(tm
                 assert (await alice("tasks/get", {"taskId": task_id}))["result"]["taskId"] == task_id
                 write_config(tmp_path / "gateway.toml", granted=("bob",))
                 assert (await reload_policy(http, url.removesuffix("/mcp"))).status_code == 200
-                unknown = await alice("tasks/get", {"taskId": "task_" + "0" * 32})
                 for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+                    unknown = await alice(method, {"taskId": "task_" + "0" * 32})
                     assert (await alice(method, {"taskId": task_id}))["error"] == unknown["error"], method
+
+
+async def test_tasks_methods_are_not_found_for_a_principal_no_tasks_server_is_visible_to(
+    tmp_path: Path,
+) -> None:
+    """Grants that show bob no server: no tasks capability, tasks/* are -32601 (a server without tasks)."""
+    config = write_config(tmp_path / "gateway.toml", granted=("alice",))
+    with anyio.fail_after(DEADLINE_S):
+        async with (
+            httpx.AsyncClient(timeout=60) as http,
+            bastion_serve(config, tmp_path / "data", tmp_path / "gateway.log") as (_, url),
+            http_exchange(http, url, "bob") as bob,
+            http_exchange(http, url, "alice") as alice,
+        ):
+            assert "tasks" not in bob.capabilities  # type: ignore[attr-defined]
+            assert "tasks" in alice.capabilities  # type: ignore[attr-defined]
+            for method in ("tasks/get", "tasks/list"):
+                assert (await bob(method, {"taskId": "task_" + "0" * 32}))["error"]["code"] == -32601
+            assert (await alice("tasks/get", {"taskId": "task_" + "0" * 32}))["error"]["code"] == -32602
