@@ -1,6 +1,8 @@
 """2025-11-25 tasks through a real ``bastion serve``, against server-everything on stdio (issue 24).
 
-The lifecycle transcript (``tasks_lifecycle.py``) through the gateway equals the one direct; a
+The lifecycle transcript (``tasks_lifecycle.py``, raw JSON-RPC) through the gateway equals the
+one direct, to a stdio and to a Streamable HTTP upstream, and so does what the TypeScript SDK's
+experimental task API sees (``ts_client/tasks_client.mjs``); a
 second agent probing the first's task id gets the answer an unknown id gets; the execution that
 created a task is settled when the task is, and its replay is the same task, never a second.
 """
@@ -33,6 +35,8 @@ from tests.e2e.issue4_support import (
 from tests.e2e.tasks_lifecycle import TASKS_CAPABILITY, Exchange, lifecycle, stdio_exchange
 from tests.e2e.test_capability_views_e2e import everything_url
 from tests.e2e.test_shared_evidence_crash import bastion_serve
+from tests.e2e.test_ts_client import CLIENT_DIR as TS_CLIENT_DIR
+from tests.e2e.test_ts_client import _node as ts_node
 from tests.e2e.third_party.servers import npm_server
 
 pytestmark = pytest.mark.anyio
@@ -159,6 +163,28 @@ async def test_the_task_lifecycle_through_bastion_equals_direct(tmp_path: Path) 
             assert relayed.capabilities["tasks"] == TASKS_CAPABILITY  # type: ignore[attr-defined]
             transcript = await lifecycle(relayed, *RESEARCH)
     assert transcript == expected
+
+
+async def test_the_typescript_clients_task_api_sees_through_bastion_what_it_sees_direct(
+    tmp_path: Path,
+) -> None:
+    """The TypeScript SDK's experimental task API (``tasks_client.mjs``: callToolStream, getTask,
+    listTasks, cancelTask): the same report direct over stdio and through ``bastion serve``."""
+    node = ts_node()
+    command = npm_server("everything", "stdio")
+    script = str(TS_CLIENT_DIR / "tasks_client.mjs")
+
+    async def report(*args: str) -> dict[str, Any]:
+        finished = await anyio.run_process([node, script, *args], cwd=TS_CLIENT_DIR, check=False)
+        assert finished.returncode == 0, finished.stderr.decode()
+        return dict(json.loads(finished.stdout.decode().strip().splitlines()[-1]))
+
+    with anyio.fail_after(DEADLINE_S):
+        direct = await report("stdio", *command)
+        async with serving(tmp_path) as (_, url, _):
+            through = await report("http", url, TOKENS["alice"])
+    assert direct["stream"][0] == "taskCreated:working" and direct["content"] == ["text"]
+    assert through == direct
 
 
 async def test_the_task_lifecycle_through_bastion_to_an_http_upstream_equals_direct(
