@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from mcp_types import LOG_LEVEL_META_KEY
 from opentelemetry.trace import Span
 
 from bastion.admission.binding import bind_call
@@ -42,6 +41,7 @@ from bastion.audit.earlier import name_earlier_attempt
 from bastion.audit.entry import AuditEntry, AuditEvent, Decision
 from bastion.audit.recorder import EVENT_AT
 from bastion.audit.scope import EvidenceScope
+from bastion.call_context import call_context, progress_token
 from bastion.call_telemetry import CallTelemetry, outcome_of_error
 from bastion.caller import Caller
 from bastion.errors import (
@@ -72,10 +72,11 @@ from bastion.settle import send_and_settle
 from bastion.store.base import ExecutionStep, Store
 from bastion.store.health import StoreHealth
 from bastion.surface.limits import SurfaceLimits
+from bastion.tasks.relay import TaskRelay
 from bastion.tasks.support import TASK_PARAM, check_runs_without_task
 from bastion.tracing import NO_SPAN as _NO_SPAN
 from bastion.tracing import child_span, inject_meta, record_contents, set_outcome
-from bastion.upstream.base import CallContext, UpstreamReplied
+from bastion.upstream.base import UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
 from bastion.workers.attachment import AttachmentTracker, sessionless_ref, transport_session_ref
 from bastion.workers.late_write import LateWrite
@@ -174,6 +175,8 @@ class ToolCallPath:
         # Grant rate limits on resources, prompts and completion: the same limiters (issue 9).
         self.surface_limits = SurfaceLimits(limiter, shared_limits, monotonic)
         self.step_up = StepUp(store)  # issue 27: the gateway wakes it and the admin API decides
+        # Tasks a call asked for, owned in the store and routed back to their upstream (issue 24).
+        self.tasks = TaskRelay(store, fleet, snapshot, metrics=telemetry.metrics if telemetry else None)
 
     async def call_tool(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         """Decide, admit, relay and record one tool call; returns the upstream's result with a receipt.
@@ -372,9 +375,12 @@ class ToolCallPath:
             # After the grant decision: a tool the caller may not see stays unknown to it.
             # (A schema without x-mcp-header parameters checks nothing: the walk is skipped.)
             check_param_headers(entry.definition, arguments, caller.param_headers)
-        # A tool that runs only as a task cannot cross (tasks/support.py): refused by name, never
-        # sent to fail upstream. After the grant decision: a hidden tool stays unknown.
-        check_runs_without_task(entry.definition, name)
+        # A task is relayed where the client asked for one and the tool and server take one
+        # (tasks/relay.py); otherwise a tool that runs only as a task is refused by name, never
+        # sent to fail upstream (tasks/support.py). After the grant decision: a hidden tool stays unknown.
+        as_task = self.tasks.relays_task(caller, entry, params)
+        if not as_task:
+            check_runs_without_task(entry.definition, name)
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding, attempt.args_digest = bind_call(entry.server, entry.upstream_name, arguments)
         # A requestState continues only the call it was issued for: this agent, server, tool and
@@ -398,7 +404,7 @@ class ToolCallPath:
                     caller, decision.approval, server=entry.server, tool=entry.upstream_name,
                     binding=attempt.binding, execution_id=attempt.envelope.execution_id,
                     call_id=attempt.call_id, evidence_session_id=scope.session_id, arguments=arguments,
-                    progress_token=_progress_token(params),
+                    progress_token=progress_token(params),
                 ),
                 record=lambda event, **extra: self._record(scope, attempt, event, **extra),
                 notify=caller.relay.notify if caller.relay is not None else None,
@@ -442,8 +448,17 @@ class ToolCallPath:
             # Shielded: a cancellation that lands while the mark commits would otherwise leave a
             # durable "invoking" row that no outcome follows. Cancellation is taken at the send
             # instead, inside send_and_settle, which records it as outcome_unknown.
-            with anyio.CancelScope(shield=True), child_span(self._tracing, "bastion.admission"):
-                await self._admit(caller, attempt, scope, execution_id, step=step)
+            try:
+                with anyio.CancelScope(shield=True), child_span(self._tracing, "bastion.admission"):
+                    await self._admit(caller, attempt, scope, execution_id, step=step)
+            except (ExecutionInFlight, ExecutionReplay):
+                # The replay of an execution that created a task is that task, never a second one.
+                task = await self.tasks.task_of_execution(caller, execution_id) if as_task else None
+                replayed = await self.tasks.replayed(caller, task) if task is not None else None
+                if replayed is None:
+                    raise
+                attempt.outcome, attempt.outcome_reason = "task_replayed", None
+                return replayed
         elif execution_id is None and not entry.read_only:
             # Without an execution id there is no state to move, but a tool that may act has its
             # admitted entry durable before the send (group-committed with other writes), so a
@@ -455,21 +470,10 @@ class ToolCallPath:
         # A read-only call's admitted entry is written with its outcome, durably, before the
         # answer (DESIGN section 2 step 8), stamped with the time it was admitted.
         async def send() -> dict[str, Any]:
-            ctx = CallContext(
-                relay=caller.relay,
-                client_capabilities=caller.client_capabilities,
-                progress_token=_progress_token(params),
-                upstream_sessions=caller.transport_session.upstream_sessions
-                if caller.transport_session
-                else None,
-                timeout_s=snapshot.servers[entry.server].timeout_s or snapshot.gateway.upstream_timeout_s,
-                log_level=caller.log_level or _requested_log_level(params),
-                client_answers_requests=caller.transport_session is not None,
-                owner=caller.agent,
-                owner_ref=caller.owner_ref,
-                agent_session_id=caller.principal.agent_session_id,
-            )
+            ctx = call_context(caller, snapshot, entry.server, params)
             request = self._upstream_params(entry, params, arguments)
+            if as_task:
+                request[TASK_PARAM] = self.tasks.task_param(params)
             if upstream_state is not None:
                 request["requestState"] = upstream_state
             sent_at = time.perf_counter()
@@ -500,11 +504,27 @@ class ToolCallPath:
             attempt.outcome, attempt.outcome_reason = "input_required", "input_required"
             await self._record(scope, attempt, AuditEvent.INPUT_REQUIRED, reason="input_required")
 
+        async def task_created(result: dict[str, Any]) -> dict[str, Any]:
+            # Not an outcome: the execution stays invoking until the task ends (tasks/relay.py).
+            await self._record_pending(scope, attempt)  # the chain holds the admitted entry first
+            answer, last = await self.tasks.created(
+                caller,
+                entry.server,
+                result,
+                attempt.fields(),
+                attempt.last.session_id if attempt.last else None,
+            )
+            attempt.last = last or attempt.last
+            attempt.outcome, attempt.outcome_reason = "task_created", None
+            return answer
+
         # (8) Outcome: from here every way out (result, error, cancellation, garbage) records a
         #     durable terminal state, then its audit entry, then answers (settle.py).
         attempt.sent = True
         try:
-            result = await send_and_settle(send, finish, on_input_required=await_input)
+            result = await send_and_settle(
+                send, finish, on_input_required=await_input, on_task=task_created if as_task else None
+            )
         except UpstreamReplied as exc:
             with child_span(self._tracing, "bastion.answer"):
                 raise _with_receipt_meta(exc, self._receipt(scope, attempt)) from None
@@ -870,7 +890,7 @@ class ToolCallPath:
     def _upstream_params(
         entry: ToolEntry, params: dict[str, Any], arguments: dict[str, Any]
     ) -> dict[str, Any]:
-        # A task augmentation is ignored, as by any receiver that does not declare tasks (issue 24).
+        # A task augmentation stops here: relayed (re-made) only where tasks/relay.py says (issue 24).
         relayed = {k: v for k, v in params.items() if k not in ("name", "arguments", TASK_PARAM)}
         out = strip_reserved_meta(relayed)
         out["name"] = entry.upstream_name
@@ -909,19 +929,3 @@ def _with_receipt_meta(exc: UpstreamReplied, receipt: dict[str, Any]) -> Upstrea
         else {"upstream_data": data, "receipt": receipt}
     )
     return UpstreamReplied(error)
-
-
-def _requested_log_level(params: dict[str, Any]) -> str | None:
-    # A 2026-07-28 client asks for log messages per request, in _meta (there is no logging/setLevel).
-    meta = params.get("_meta")
-    level = meta.get(LOG_LEVEL_META_KEY) if isinstance(meta, dict) else None
-    return level if isinstance(level, str) else None
-
-
-def _progress_token(params: dict[str, Any]) -> str | int | None:
-    meta = params.get("_meta")
-    if isinstance(meta, dict):
-        token = meta.get("progressToken")
-        if isinstance(token, str | int) and not isinstance(token, bool):
-            return token
-    return None

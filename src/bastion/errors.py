@@ -511,11 +511,11 @@ class ExecutionIdRequired(CallRefused):
 
 
 class TaskRequired(CallRefused):
-    """The upstream runs this tool only as a task, which the gateway does not relay (issue 24)."""
+    """The upstream runs this tool only as a task, and this call cannot go as one (issue 24)."""
 
     reason = Reason.TASK_REQUIRED
     jsonrpc_code = -32080
-    default_message = "This tool runs only as a task, and tasks are not relayed through this gateway"
+    default_message = "This tool runs only as a task, and this call cannot be relayed as one"
 
 
 class DefinitionChanged(CallRefused):

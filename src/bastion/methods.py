@@ -50,6 +50,8 @@ REMOVED_AT_MODERN: frozenset[str] = frozenset(
     {"ping", "initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
 )
 MODERN_ONLY: frozenset[str] = frozenset({"server/discover", "subscriptions/listen"})
+# The 2025-11-25 task methods (tasks/relay.py, issue 24); the 2026 tasks extension is not relayed yet.
+SESSION_ERA_TASKS: frozenset[str] = frozenset({"tasks/get", "tasks/result", "tasks/list", "tasks/cancel"})
 SUBSCRIPTION_ID_META_KEY = "io.modelcontextprotocol/subscriptionId"
 _LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
@@ -83,8 +85,9 @@ def for_sessionless_wire(method: str, result: dict[str, Any]) -> dict[str, Any]:
 Handler = Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-#: Governed requests besides tools/call that call_telemetry.py counts and logs (tools/call: call.py).
-_OBSERVED = frozenset({"resources/read", "prompts/get", "completion/complete"})
+#: Governed requests besides tools/call that call_telemetry.py counts and logs (tools/call: call.py);
+#: the task methods too (issue 24).
+_OBSERVED = frozenset({"resources/read", "prompts/get", "completion/complete"}) | SESSION_ERA_TASKS
 
 
 class MethodRouter:
@@ -126,6 +129,10 @@ class MethodRouter:
             "prompts/list": prompts.list_prompts,
             "prompts/get": prompts.get,
             "completion/complete": CompletionPath(fleet, snapshot, prompts, limits).complete,
+            "tasks/get": call_path.tasks.get,
+            "tasks/result": call_path.tasks.result,
+            "tasks/list": call_path.tasks.list_tasks,
+            "tasks/cancel": call_path.tasks.cancel,
         }
 
     def capabilities_for(self, principal: Principal) -> dict[str, Any]:
@@ -145,7 +152,7 @@ class MethodRouter:
             BastionError: whatever the handler refuses with.
         """
         sessionless = caller.transport_session is None
-        if sessionless and method in REMOVED_AT_MODERN:
+        if sessionless and (method in REMOVED_AT_MODERN or method in SESSION_ERA_TASKS):
             raise MethodNotFound(
                 f"Method not found: {method} does not exist at protocol version {caller.protocol_version}",
                 method=method,
@@ -155,6 +162,9 @@ class MethodRouter:
         handler = self._handlers.get(method)
         if handler is None or (not sessionless and method in MODERN_ONLY):
             raise MethodNotFound(f"Method not found: {method}", method=method)
+        if method in SESSION_ERA_TASKS and "tasks" not in self.capabilities_for(caller.principal):
+            # No server this principal sees offers tasks: the method is not served, as upstream.
+            raise MethodNotFound(f"Method not found: {method}", method=method)
         if self._telemetry is not None and method in _OBSERVED:
             return await self._telemetry.request(method, str(caller.agent), lambda: handler(caller, params))
         return await handler(caller, params)
@@ -163,9 +173,11 @@ class MethodRouter:
         return {}
 
     async def _discover(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+        # The session era's tasks capability: not what a 2026 client can use (tasks/relay.py).
+        capabilities = {k: v for k, v in self.capabilities_for(caller.principal).items() if k != "tasks"}
         return {
             "supportedVersions": list(SUPPORTED_VERSIONS),
-            "capabilities": self.capabilities_for(caller.principal),
+            "capabilities": capabilities,
             "instructions": "Bastion gateway: tools are named <namespace>__<tool>.",
             "_meta": {"io.modelcontextprotocol/serverInfo": SERVER_INFO},
         }

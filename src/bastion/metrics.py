@@ -96,6 +96,19 @@ class CallMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        # Tasks a governed call created, and how they ended (issue 24, tasks/relay.py).
+        self.tasks_created = Counter(
+            "bastion_tasks_created",
+            "Tasks upstreams created for governed tools/call requests, by server",
+            ["server"],
+            registry=registry,
+        )
+        self.tasks_ended = Counter(
+            "bastion_tasks_terminal",
+            "Tasks that reached a terminal status, by server and status (failed includes a lost task)",
+            ["server", "status"],
+            registry=registry,
+        )
         self.agents = AgentLabels()
         self._children: dict[tuple[str, ...], tuple[Counter, Histogram, Histogram]] = {}
         self._refusal_children: dict[tuple[str, str], Counter] = {}
@@ -134,6 +147,12 @@ class CallMetrics:
             upstream.observe(upstream_s)
         if outcome == "refused":
             self.refused("tools/call", reason)
+
+    def task_created(self, server: str) -> None:
+        self.tasks_created.labels(server).inc()
+
+    def task_ended(self, server: str, status: str) -> None:
+        self.tasks_ended.labels(server, status).inc()
 
     def refused(self, method: str, reason: str) -> None:
         key = (method, reason)

@@ -49,11 +49,15 @@ async def send_and_settle(
     finish: Finish,
     *,
     on_input_required: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+    on_task: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """Run ``send`` and finish the attempt exactly once; returns the checked result.
 
     A result of ``resultType`` ``input_required`` is no outcome (the client comes back with the
     same call, issue #8): it goes to ``on_input_required`` instead, and nothing is finished.
+    A task the call asked for (``on_task`` given, issue 24) is no outcome either: ``on_task``
+    owns it and its answer is returned; the execution ends when the task does (``tasks/relay.py``).
+    If ``on_task`` fails, the task runs where nobody can collect it: ``outcome_unknown``.
 
     Raises:
         UpstreamReplied: the upstream answered with a JSON-RPC error (recorded ``failed``).
@@ -63,11 +67,13 @@ async def send_and_settle(
     """
     try:
         result = await send()
-        problem = _result_problem(result)
+        problem = _result_problem(result, task_asked=on_task is not None)
         if problem is not None:
             raise UpstreamProtocolError(
                 "Upstream answered a result the gateway cannot relay", may_have_acted=True, problem=problem
             )
+        if on_task is not None and is_task_result(result):
+            return await on_task(result)
         digest = digest_json(result)
     except UpstreamReplied:
         await finish(ExecutionState.FAILED, reason="upstream_error")
@@ -101,12 +107,12 @@ async def send_and_settle(
     return result
 
 
-def _result_problem(result: Any) -> str | None:
+def _result_problem(result: Any, *, task_asked: bool) -> str | None:
     if not isinstance(result, dict):
         return "not_an_object"
     if "_meta" in result and not isinstance(result["_meta"], dict):
         return "meta_not_an_object"
-    if is_task_result(result):
+    if is_task_result(result) and not (task_asked and result.get("resultType") != "task"):
         # A task nobody asked for cannot be owned or collected here (tasks/support.py, issue 24).
         return "unrequested_task"
     return wire_problem(result)

@@ -4,7 +4,9 @@ Each upstream kind is asked directly and through Bastion, by the official Python
 eras (``legacy``: the session era; ``auto``: sessionless, ``server/discover``). Through Bastion a
 client sees Bastion's own ``tools`` and, of the rest, what the upstream declared and the gateway
 governs: never ``logging``, ``resources`` or ``prompts`` an upstream does not offer, never an
-extension (or ``tasks``, ``experimental``) the gateway has not been taught, which is logged.
+extension (or ``experimental``) the gateway has not been taught, which is logged. ``tasks`` is
+relayed to a session-era client where the upstream lets tool calls become tasks (the 2025-11-25
+tasks, ``tasks/relay.py``), never to a sessionless one (the 2026 tasks extension is not relayed yet).
 """
 
 from __future__ import annotations
@@ -131,10 +133,16 @@ async def test_capabilities_through_bastion_are_what_the_upstream_declares(
     if kind == "sdk-http":
         declared_extensions = direct["auto"].get("extensions") or {}
     governed = {name: s for name, s in declared_extensions.items() if name in GOVERNED_EXTENSIONS}
+    tasks = direct[face].get("tasks") if face == "legacy" else None
     for mode in MODES:
+        relayed_tasks = through[mode].pop("tasks", None)
         assert {k for k in through[mode] if k != "extensions"} == expected_keys, (mode, direct, through)
         assert (through[mode].get("extensions") or {}) == governed, (mode, direct, through)
-        assert "tasks" not in through[mode] and "experimental" not in through[mode]
+        assert "experimental" not in through[mode]
+        # Tasks: as declared, to the session era only (server-everything's: list, cancel, tool calls).
+        assert relayed_tasks == (tasks if mode == "legacy" else None), (mode, direct, relayed_tasks)
+    if kind == "everything:stdio":
+        assert tasks == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
     if kind == "sdk-http":
         # The fixture's 2026 face declares both; the gateway relays the one it governs.
         assert set(direct["auto"]["extensions"]) == {"io.modelcontextprotocol/ui", "com.example/unvetted"}

@@ -1,7 +1,9 @@
-"""Tasks through Bastion today (issue 24): no task is created through the gateway, none is dropped.
+"""Tasks the gateway does not relay (issue 24): no task is created through it unowned, none is dropped.
 
-The gateway does not yet own tasks, so it declares none (tests/e2e/test_capabilities_relayed.py):
-a 2025-11-25 task augmentation is ignored, as by any receiver that does not declare tasks, and
+Relayed tasks (a session-era client, an upstream that declares task-augmented tool calls) are
+tested in tests/e2e/test_tasks_relay_e2e.py. Here the upstream declares no tasks (the SDK fixture),
+or the client cannot ask for one (the Python SDK client): a 2025-11-25 task augmentation is
+ignored, as by any receiver that does not declare tasks, and
 the call runs to its result; a tool that runs only as a task is refused by name (``TaskRequired``,
 -32080) before admission and before any upstream is asked; a task the upstream starts anyway is
 not relayed (``unrequested_task``) and its execution is ``outcome_unknown``. Upstreams: the SDK fixture

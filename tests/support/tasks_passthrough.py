@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from bastion.ids import AgentId
+from bastion.ids import AgentId, ExecutionId
 from bastion.store.tasks import NewTask, TaskRecord, TaskStatus, TaskStore
 
 __all__ = ["TaskStorePassthrough"]
@@ -26,6 +26,18 @@ class TaskStorePassthrough:
         self: _Wrapper, task_id: str, *, agent: AgentId, agent_session_id: str | None, now: datetime
     ) -> TaskRecord | None:
         return await self.inner.get_task(task_id, agent=agent, agent_session_id=agent_session_id, now=now)
+
+    async def task_of_execution(
+        self: _Wrapper,
+        execution_id: ExecutionId,
+        *,
+        agent: AgentId,
+        agent_session_id: str | None,
+        now: datetime,
+    ) -> TaskRecord | None:
+        return await self.inner.task_of_execution(
+            execution_id, agent=agent, agent_session_id=agent_session_id, now=now
+        )
 
     async def set_task_status(
         self: _Wrapper,

@@ -64,6 +64,11 @@ class AuditEvent(enum.StrEnum):
     APPROVAL_CANCELLED = "approval_cancelled"
     DEFINITION_CHANGED = "definition_changed"  # an upstream definition differs from its pin (issue 27)
     PIN_DECIDED = "pin_decided"  # an operator approved or rejected a changed definition (issue 27)
+    # A task an upstream created for a call, and what became of it (issue 24, tasks/relay.py).
+    TASK_CREATED = "task_created"
+    TASK_STATUS = "task_status"
+    TASK_RESULT = "task_result"
+    TASK_CANCEL = "task_cancel"
 
 
 class Decision(enum.StrEnum):

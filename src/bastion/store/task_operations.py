@@ -6,7 +6,7 @@ import secrets
 from datetime import datetime
 from typing import TypeVar
 
-from bastion.ids import AgentId
+from bastion.ids import AgentId, ExecutionId
 from bastion.store.ops import tasks
 from bastion.store.rows import to_us
 from bastion.store.statements import OpFactory
@@ -39,6 +39,13 @@ class TaskOperations:
         self, task_id: str, *, agent: AgentId, agent_session_id: str | None, now: datetime
     ) -> TaskRecord | None:
         return await self._read(lambda: tasks.get_task(task_id, agent, agent_session_id, now), snapshot=True)
+
+    async def task_of_execution(
+        self, execution_id: ExecutionId, *, agent: AgentId, agent_session_id: str | None, now: datetime
+    ) -> TaskRecord | None:
+        return await self._read(
+            lambda: tasks.task_of_execution(execution_id, agent, agent_session_id, now), snapshot=True
+        )
 
     async def set_task_status(
         self,

@@ -13,7 +13,7 @@ says nothing to an agent that does not own it. The owner's agent session is
 checked in the same transaction (revoked or expired: refused, whatever the
 task id), so a revoked agent session can no longer read or steer its tasks at
 any replica. A status moves from live to terminal once; the first terminal
-status wins. One task per execution: a second creation for an execution id is
+status wins. One task per execution (of an agent): a second creation for its execution id is
 a :class:`~bastion.errors.Conflict`.
 
 Unfenced, as agent sessions are: a task row records what an upstream answered,
@@ -124,6 +124,12 @@ class TaskStore(Protocol):
         A terminal status is final: a later status leaves the row as it is
         (``changed`` is ``False``). ``None`` and raises as :meth:`get_task`.
         """
+        ...
+
+    async def task_of_execution(
+        self, execution_id: ExecutionId, *, agent: AgentId, agent_session_id: str | None, now: datetime
+    ) -> TaskRecord | None:
+        """The owner's task that execution ``execution_id`` created, or ``None``; raises as get_task."""
         ...
 
     async def list_tasks(

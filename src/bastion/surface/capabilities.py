@@ -7,8 +7,10 @@ this principal names (all of them when no grants are declared):
 
 * ``resources``, ``prompts``, ``completions`` where such a server could show this principal
   something under its grants (``surface_reachable``); ``logging`` where such a server logs;
+* ``tasks`` (2025-11-25) where such a server lets tool calls become tasks: the part the gateway
+  relays (tool calls, ``list``, ``cancel`` as declared; ``tasks/relay.py``), session era only;
 * ``extensions`` (SEP-2133) that Bastion governs (``GOVERNED_EXTENSIONS``). Any other extension,
-  and ``experimental`` or ``tasks`` declarations, are filtered out with one log line per server
+  and ``experimental`` declarations, are filtered out with one log line per server
   and name (``CapabilityRelay``), never passed through unexamined.
 
 Why filtered, not refused at start: an upstream's capabilities are learned from the upstream at
@@ -29,6 +31,7 @@ from typing import Any, Final
 from bastion.auth.principal import Principal
 from bastion.policy.decide import SurfaceKind, server_visible, surface_reachable
 from bastion.policy.snapshot import Snapshot
+from bastion.tasks.relay import relayed_tasks_capability
 from bastion.upstream.fleet import UpstreamFleet
 
 __all__ = ["GOVERNED_EXTENSIONS", "CapabilityRelay", "surface_capabilities"]
@@ -42,7 +45,7 @@ GOVERNED_EXTENSIONS: Final[Mapping[str, str]] = {
     "io.modelcontextprotocol/ui": "tools and ui:// resources, under tool and resource grants",
 }
 # Declarations no grant governs yet: relayed never, reported once.
-_UNGOVERNED_KEYS: Final[tuple[str, ...]] = ("experimental", "tasks")
+_UNGOVERNED_KEYS: Final[tuple[str, ...]] = ("experimental",)
 
 
 class CapabilityRelay:
@@ -60,6 +63,7 @@ class CapabilityRelay:
         """The relayed entries (everything but Bastion's own ``tools``) for this principal."""
         offered = surface_capabilities(fleet, snapshot, principal)
         extensions: dict[str, dict[str, Any]] = {}
+        tasks: dict[str, Any] = {}
         logs = False
         for server, upstream in fleet.upstreams.items():
             if not server_visible(snapshot, principal, server, upstream.namespace):
@@ -68,6 +72,13 @@ class CapabilityRelay:
             if not isinstance(declared, dict):
                 continue
             logs = logs or "logging" in declared
+            relayed_tasks = relayed_tasks_capability(declared)
+            if relayed_tasks is not None:
+                tasks.update(relayed_tasks)
+            elif "tasks" in declared:
+                self._report(
+                    server, "tasks", "tasks the gateway does not relay (no task-augmented tool calls)"
+                )
             for key in _UNGOVERNED_KEYS:
                 if key in declared:
                     self._report(server, key, "a capability the gateway does not govern")
@@ -84,6 +95,8 @@ class CapabilityRelay:
             offered["logging"] = {}
         if extensions:
             offered["extensions"] = extensions
+        if tasks:
+            offered["tasks"] = tasks
         return offered
 
     def _report(self, server: str, name: str, what: str) -> None:

@@ -1,9 +1,9 @@
-"""Tasks through the gateway (issue 24): what the gateway does with MCP tasks today.
+"""Tasks through the gateway (issue 24).
 
-``support.py``: a task outlives the call that made it, and a governed task needs an owner, an
-audit trail and an execution that spans it; until the gateway holds those, no task is created
-through it. A task augmentation is ignored (the call runs to its result, as the 2025-11-25 spec
-asks of a receiver that does not declare tasks), a tool that runs only as a task is refused by
-name (``TaskRequired``), and neither the ``tasks`` capability nor the tasks extension is
-announced (``surface/capabilities.py``).
+``relay.py``: the 2025-11-25 tasks of a session-era client, relayed to an upstream that declares
+task-augmented tool calls, each task owned in the store (agent and agent session) under a gateway
+id, its ``tasks/*`` requests routed to its upstream, its execution settled when it ends.
+``support.py``: what happens without that: a task augmentation the relay does not take is ignored,
+a tool that runs only as a task is refused by name (``TaskRequired``), and a task nobody asked for
+is not relayed.
 """

@@ -1,18 +1,17 @@
-"""Whether a tool call can cross the gateway without a task, and the call as the upstream gets it (issue 24).
+"""Whether a tool call can cross the gateway without a task, and what a plain call refuses (issue 24).
 
-The 2025-11-25 revision augments a ``tools/call`` with ``params.task``; a receiver that does not
-declare the ``tasks`` capability processes the request normally, ignoring the augmentation. The
-gateway does not declare it, so the augmentation stops here and the upstream is sent a plain
-call: a task the gateway did not create cannot be owned, audited or refused to another agent.
-The 2026 tasks extension is opted into through the client's capabilities, which reach an
-upstream only as ``sampling``, ``elicitation`` and ``roots`` (``upstream/streamable_http.py``).
+The 2025-11-25 revision augments a ``tools/call`` with ``params.task``. Where ``relay.py`` relays
+tasks (a session-era client, a tool and a server that take one) the augmentation goes upstream;
+everywhere else it stops here, as the spec asks of a receiver that does not declare tasks, and
+the upstream is sent a plain call: a task the gateway did not record cannot be owned, audited or
+refused to another agent. The 2026 tasks extension is not relayed.
 
-A tool whose ``execution.taskSupport`` is ``"required"`` cannot run that way: the call is refused
-with :class:`~bastion.errors.TaskRequired`, before admission and before any upstream is asked,
-never sent to fail upstream. An upstream that answers a plain call with a task anyway (either
-revision's ``CreateTaskResult``) has started work nobody can collect through the gateway: the
-result is not relayed (``settle.py``: ``UpstreamProtocolError``, problem ``unrequested_task``) and
-the execution is ``outcome_unknown``, so a replay is refused and no second task is created.
+A tool whose ``execution.taskSupport`` is ``"required"`` cannot run as a plain call: the call is
+refused with :class:`~bastion.errors.TaskRequired`, before admission and before any upstream is
+asked, never sent to fail upstream. An upstream that answers a plain call with a task anyway
+(either revision's ``CreateTaskResult``) has started work nobody can collect through the gateway:
+the result is not relayed (``settle.py``: ``UpstreamProtocolError``, problem ``unrequested_task``)
+and the execution is ``outcome_unknown``, so a replay is refused and no second task is created.
 Pure functions.
 """
 
@@ -38,7 +37,7 @@ def check_runs_without_task(definition: Mapping[str, Any], tool: str) -> None:
     execution = definition.get("execution")
     if isinstance(execution, Mapping) and execution.get("taskSupport") == "required":
         raise TaskRequired(
-            f"Tool {tool} runs only as a task, and tasks are not relayed through this gateway",
+            f"Tool {tool} runs only as a task, and this call cannot be relayed as one",
             tool=tool,
         )
 

@@ -597,18 +597,20 @@ class StdioProcess:
         self._pending[request_id] = pending
         sent = False
         try:
+            # Written before the delivery group opens: a process that is gone raises its plain
+            # UpstreamUnavailable (nothing sent), not a group around it (issue 24).
+            await self._write(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "method": method,
+                    "params": relay.outbound_params(params),
+                }
+            )
+            sent = True
             async with anyio.create_task_group() as delivery:
                 delivery.start_soon(pending.buffer.pump)
                 try:
-                    await self._write(
-                        {
-                            "jsonrpc": "2.0",
-                            "id": request_id,
-                            "method": method,
-                            "params": relay.outbound_params(params),
-                        }
-                    )
-                    sent = True
                     await pending.done.wait()
                 finally:
                     pending.buffer.close()  # what is queued still goes out before the result

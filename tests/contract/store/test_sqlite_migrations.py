@@ -76,7 +76,7 @@ async def test_version_1_file_is_upgraded_and_keeps_its_data(tmp_path: Path) -> 
         )
         assert done.state is ExecutionState.COMPLETED
 
-    assert schema_version(db) == len(SQLITE_MIGRATIONS) == 12
+    assert schema_version(db) == len(SQLITE_MIGRATIONS) == 13
     conn = raw(db)
     try:
         indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}

@@ -211,3 +211,39 @@ async def test_a_wrapping_store_passes_tasks_through(store: Store) -> None:
         task.task_id, TaskStatus.FAILED, agent=ADA, agent_session_id=owner, now=NOW
     )
     assert changed is not None and changed[1]
+
+
+async def test_the_task_of_an_execution_is_found_by_its_owner_only(store: Store) -> None:
+    """An execution's task answers its owner; another owner, or an execution without one, gets ``None``."""
+    owner, bob = await agent_session(store), await agent_session(store, BOB)
+    task = await new_task(store, owner)
+    found = await store.task_of_execution(ExecutionId("exec-1"), agent=ADA, agent_session_id=owner, now=NOW)
+    assert found == task
+    for agent, session in ((BOB, bob), (ADA, None)):
+        assert (
+            await store.task_of_execution(
+                ExecutionId("exec-1"), agent=agent, agent_session_id=session, now=NOW
+            )
+            is None
+        )
+    assert (
+        await store.task_of_execution(ExecutionId("exec-2"), agent=ADA, agent_session_id=owner, now=NOW)
+        is None
+    )
+    await store.revoke_agent_session(owner, by="admin", reason="test", now=later(1))
+    with pytest.raises(AgentSessionRevoked):
+        await store.task_of_execution(ExecutionId("exec-1"), agent=ADA, agent_session_id=owner, now=later(2))
+
+
+async def test_one_execution_id_under_two_agents_is_two_executions_each_with_its_task(store: Store) -> None:
+    """An execution id is scoped under its agent (DESIGN 3): another agent's same value makes its own task."""
+    ada, bob = await agent_session(store), await agent_session(store, BOB)
+    first = await new_task(store, ada)
+    second = await new_task(store, bob, agent=BOB, upstream="up-2")
+    assert first.execution_id == second.execution_id == "exec-1"
+    assert (
+        await store.task_of_execution(ExecutionId("exec-1"), agent=BOB, agent_session_id=bob, now=NOW)
+        == second
+    )
+    with pytest.raises(Conflict):
+        await new_task(store, bob, agent=BOB, upstream="up-3")  # bob's own replay of exec-1

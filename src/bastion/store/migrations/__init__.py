@@ -20,6 +20,7 @@ from bastion.store.migrations import (
     postgres_0006_tasks,
     postgres_0007_pins,
     postgres_0008_approvals,
+    postgres_0009_tasks_per_agent,
     sqlite_0001_initial,
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
@@ -32,6 +33,7 @@ from bastion.store.migrations import (
     sqlite_0010_tasks,
     sqlite_0011_pins,
     sqlite_0012_approvals,
+    sqlite_0013_tasks_per_agent,
 )
 
 __all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS", "Migration"]
@@ -57,6 +59,7 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "tasks", sqlite_0010_tasks.STATEMENTS),
     Migration(11, "pins", sqlite_0011_pins.STATEMENTS),
     Migration(12, "approvals", sqlite_0012_approvals.STATEMENTS),
+    Migration(13, "tasks_per_agent", sqlite_0013_tasks_per_agent.STATEMENTS),
 )
 
 POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
@@ -68,6 +71,7 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "tasks", postgres_0006_tasks.STATEMENTS),
     Migration(7, "pins", postgres_0007_pins.STATEMENTS),
     Migration(8, "approvals", postgres_0008_approvals.STATEMENTS),
+    Migration(9, "tasks_per_agent", postgres_0009_tasks_per_agent.STATEMENTS),
 )
 
 # Each list is dense and ordered: migration n sits at index n - 1.

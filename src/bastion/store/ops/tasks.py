@@ -43,7 +43,7 @@ def create_task(task_id: str, task: NewTask, now: datetime, now_us: int) -> Op[T
     yield from _owner_may_act(task.agent_session_id, now, "FOR SHARE")
     execution_id, server = task.execution_id, task.server
     replayed = execution_id is not None and (
-        yield from one("SELECT 1 FROM tasks WHERE execution_id = ?", execution_id)
+        yield from one("SELECT 1 FROM tasks WHERE agent = ? AND execution_id = ?", task.agent, execution_id)
     )
     if replayed:
         raise Conflict("this execution already created a task", execution_id=execution_id)
@@ -70,6 +70,16 @@ def get_task(
     yield from _owner_may_act(agent_session_id, now, "FOR SHARE" if lock else "")
     row = yield from one(
         SELECT_TASK + _OWNED + " AND task_id = ?", agent, agent_session_id, task_id, lock=lock
+    )
+    return None if row is None else task_from_row(row)
+
+
+def task_of_execution(
+    execution_id: ExecutionId, agent: AgentId, agent_session_id: str | None, now: datetime
+) -> Op[TaskRecord | None]:
+    yield from _owner_may_act(agent_session_id, now, "")
+    row = yield from one(
+        SELECT_TASK + _OWNED + " AND execution_id = ?", agent, agent_session_id, execution_id
     )
     return None if row is None else task_from_row(row)
 

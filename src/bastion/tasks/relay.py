@@ -1,0 +1,430 @@
+"""Tasks relayed as governed calls: 2025-11-25 ``tasks`` in the session era (issue 24).
+
+A ``tools/call`` that asks for a task (``params.task``) is sent with it only to an upstream that
+declares ``tasks.requests.tools.call``, for a tool whose ``execution.taskSupport`` allows one
+(:meth:`TaskRelay.relays_task`). The upstream's ``CreateTaskResult`` is not passed through as it
+came: :meth:`TaskRelay.created` records the task in the store under its owner (agent and agent
+session) and a fresh gateway id (``task_`` + 128 random bits, ``store/task_operations.py``), and
+the client sees only that id. The upstream's id never leaves the gateway, so an id is worth
+nothing to anyone but its owner: the store is keyed per owner, and another owner's id, a revoked
+agent session's, or a made-up one all answer as the same unknown task (-32602, the upstream's own
+answer to an unknown id) before any upstream is asked; so does a task whose server no grant of
+the caller names any more (checked per server: the store keeps no tool name for a task).
+
+``tasks/get``, ``tasks/result``, ``tasks/cancel`` go to the server that created the task, on the
+caller's own upstream session or process (``call_context.py``), with the upstream's id; the
+answer comes back with the gateway's id. ``tasks/list`` lists the owner's tasks from the store
+and shows each as its upstream reports it (a task its upstream no longer lists is left out).
+
+Governance: the creating call was admitted under its ``execution_id`` like any call, and the row
+stays ``invoking`` while the task lives (a replay is answered with the same task, never a second
+creation: ``call.py``). The first request that sees the task terminal (any replica: the store's
+first terminal status wins) moves the execution to its terminal state with the audit entry that
+says so, in one write: ``completed`` → ``completed``, ``failed`` → ``failed``, ``cancelled`` →
+``outcome_unknown`` (the work may have partly run). A live task the upstream no longer knows (its
+process died, its ttl passed) has lost its fate: the task is recorded ``failed``, the execution
+``outcome_unknown``, and the caller is told :class:`~bastion.errors.OutcomeUnknown`. Creation,
+each status change, the result and a cancellation are audit entries that carry the creating
+call's ``call_id`` and ``execution_id`` (they join with its entries offline), written to the
+caller's chain: for the same client session, the creating call's chain.
+
+Not yet: the 2026 tasks extension (sessionless era; ``tasks/*`` there stay -32601), and
+``notifications/tasks/status`` (an upstream's are dropped, never relayed with its ids; clients
+poll). Never sends a task to an upstream that did not declare it; never shows an upstream id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from bastion.admission.states import ExecutionState
+from bastion.audit.entry import AuditEntry, AuditEvent, digest_json
+from bastion.call_context import call_context
+from bastion.caller import Caller
+from bastion.errors import InvalidParams, OutcomeUnknown, UpstreamProtocolError
+from bastion.ids import EvidenceSessionId
+from bastion.metrics import CallMetrics
+from bastion.policy.decide import server_visible
+from bastion.policy.snapshot import Snapshot
+from bastion.store.base import ExecutionStep, Store
+from bastion.store.tasks import NewTask, TaskRecord, TaskStatus
+from bastion.tasks.support import TASK_PARAM
+from bastion.upstream.base import UpstreamReplied
+from bastion.upstream.fleet import ToolEntry, UpstreamFleet
+from bastion.wire_value import wire_problem
+
+__all__ = ["RELATED_TASK_META_KEY", "TaskRelay", "relayed_tasks_capability"]
+
+RELATED_TASK_META_KEY: Final[str] = "io.modelcontextprotocol/related-task"
+# What the gateway relays of a server's ``tasks`` capability: its tool calls, listing, cancelling.
+_RELAYED_TASKS: Final[dict[str, Any]] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+_TERMINAL_EXECUTION: Final[dict[TaskStatus, tuple[ExecutionState, str | None]]] = {
+    TaskStatus.COMPLETED: (ExecutionState.COMPLETED, None),
+    TaskStatus.FAILED: (ExecutionState.FAILED, "task_failed"),
+    TaskStatus.CANCELLED: (ExecutionState.OUTCOME_UNKNOWN, "task_cancelled"),
+}
+_INVALID_PARAMS: Final[int] = -32602
+_LIST_PAGE: Final[int] = 100
+_UPSTREAM_PAGES: Final[int] = 100  # bound on one tasks/list's pages from one upstream
+
+
+def relayed_tasks_capability(declared: object) -> dict[str, Any] | None:
+    """The ``tasks`` capability to announce for a server that declared ``declared``, or ``None``.
+
+    Only a server that lets tool calls become tasks has anything to relay.
+    """
+    if not isinstance(declared, Mapping):
+        return None
+    tasks = declared.get("tasks")
+    if not isinstance(tasks, Mapping):
+        return None
+    requests = tasks.get("requests")
+    tools = requests.get("tools") if isinstance(requests, Mapping) else None
+    if not (isinstance(tools, Mapping) and isinstance(tools.get("call"), Mapping)):
+        return None
+    return {key: value for key, value in _RELAYED_TASKS.items() if key == "requests" or key in tasks}
+
+
+def _unknown_task() -> InvalidParams:
+    # One answer for unknown, another owner's and expired: the id says nothing to a non-owner.
+    return InvalidParams("Invalid params: unknown task")
+
+
+class TaskRelay:
+    """Creates, routes and settles the tasks of one gateway's calls (state lives in the store)."""
+
+    def __init__(
+        self,
+        store: Store,
+        fleet: UpstreamFleet,
+        snapshot: Callable[[], Snapshot],
+        *,
+        metrics: CallMetrics | None = None,
+    ) -> None:
+        self._metrics = metrics
+        self._store = store
+        self._fleet = fleet
+        self._snapshot = snapshot
+
+    # ------------------------------------------------------------------ creation (call.py)
+
+    def relays_task(self, caller: Caller, entry: ToolEntry, params: Mapping[str, Any]) -> bool:
+        """Whether this call goes upstream as a task: asked for, in the session era, by a tool and a
+        server that take one."""
+        if caller.transport_session is None or not isinstance(params.get(TASK_PARAM), Mapping):
+            return False
+        execution = entry.definition.get("execution")
+        support = execution.get("taskSupport") if isinstance(execution, Mapping) else None
+        if support not in ("optional", "required"):
+            return False
+        declared = getattr(self._fleet.upstreams[entry.server], "server_capabilities", None)
+        return relayed_tasks_capability(declared) is not None
+
+    @staticmethod
+    def task_param(params: Mapping[str, Any]) -> dict[str, Any]:
+        """The augmentation as the upstream gets it: its ``ttl`` alone, when it is a whole number."""
+        asked = params.get(TASK_PARAM)
+        ttl = asked.get("ttl") if isinstance(asked, Mapping) else None
+        return {"ttl": ttl} if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else {}
+
+    async def created(
+        self,
+        caller: Caller,
+        server: str,
+        result: dict[str, Any],
+        fields: dict[str, Any],
+        evidence_session_id: str | None,
+    ) -> tuple[dict[str, Any], AuditEntry | None]:
+        """Own the task ``result`` names and audit its creation; the result with the gateway's id,
+        and the entry that records the creation.
+
+        Raises:
+            UpstreamProtocolError: the task is malformed (``problem`` ``task_malformed``).
+            Conflict: the execution already has a task, or the upstream reused a task id.
+        """
+        task = result.get("task")
+        upstream_id = task.get("taskId") if isinstance(task, Mapping) else None
+        status = _status_of(task)
+        if (
+            not isinstance(task, Mapping)
+            or not isinstance(upstream_id, str)
+            or not upstream_id
+            or status is None
+        ):
+            raise UpstreamProtocolError(
+                "Upstream answered a task the gateway cannot read",
+                may_have_acted=True,
+                problem="task_malformed",
+            )
+        if evidence_session_id is None:
+            raise UpstreamProtocolError(  # pragma: no cover - the admitted entry opened the chain
+                "The task's call has no evidence session", may_have_acted=True, problem="task_unrecorded"
+            )
+        principal = caller.principal
+        record = await self._store.create_task(
+            NewTask(
+                caller.agent,
+                principal.agent_session_id,
+                server,
+                upstream_id,
+                fields["call_id"],
+                EvidenceSessionId(evidence_session_id),
+                fields.get("execution_id"),
+                status,
+            ),
+            now=caller.evidence.now(),
+        )
+        if self._metrics is not None:
+            self._metrics.task_created(server)
+        entries = await caller.evidence.record_many(
+            [
+                (
+                    AuditEvent.TASK_CREATED,
+                    {**fields, "outcome": status.value, "detail": {"task_id": record.task_id}},
+                )
+            ]
+        )
+        return {**result, "task": {**task, "taskId": record.task_id}}, (entries[-1] if entries else None)
+
+    async def replayed(self, caller: Caller, record: TaskRecord) -> dict[str, Any] | None:
+        """A replay of the execution that created ``record``: the same task, as its upstream shows it;
+        ``None`` for a finished task its upstream no longer knows (the replay refusal then stands).
+
+        Raises ``OutcomeUnknown`` when the upstream lost the task while it was live (recorded).
+        """
+        try:
+            return {"task": await self._poll(caller, record)}
+        except UpstreamReplied:
+            if record.terminal:
+                return None
+            raise
+
+    async def task_of_execution(self, caller: Caller, execution_id: Any) -> TaskRecord | None:
+        return await self._store.task_of_execution(
+            execution_id,
+            agent=caller.agent,
+            agent_session_id=caller.principal.agent_session_id,
+            now=caller.evidence.now(),
+        )
+
+    # ------------------------------------------------------------------ tasks/* (methods.py)
+
+    async def get(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._poll(caller, await self._owned(caller, params))
+
+    async def result(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+        record = await self._owned(caller, params)
+        answer = await self._ask(caller, record, "tasks/result", on_unknown=True)
+        meta = answer.get("_meta")
+        if isinstance(meta, dict) and RELATED_TASK_META_KEY in meta:
+            answer = {**answer, "_meta": {**meta, RELATED_TASK_META_KEY: {"taskId": record.task_id}}}
+        await self._audit(
+            caller,
+            record,
+            AuditEvent.TASK_RESULT,
+            outcome=None,
+            detail={"result_digest": digest_json(answer)},
+        )
+        if not record.terminal:
+            await self._poll(caller, record)  # the result is in: the task is terminal, learn how
+        return answer
+
+    async def cancel(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+        record = await self._owned(caller, params)
+        try:
+            task = await self._ask(caller, record, "tasks/cancel")
+        except UpstreamReplied:
+            await self._audit(caller, record, AuditEvent.TASK_CANCEL, outcome="refused")
+            raise
+        await self._audit(caller, record, AuditEvent.TASK_CANCEL, outcome=_status_value(task))
+        return await self._observed(caller, record, task)
+
+    async def list_tasks(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+        cursor = params.get("cursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise InvalidParams("Invalid params: tasks/list cursor must be a string")
+        owned = await self._store.list_tasks(
+            agent=caller.agent,
+            agent_session_id=caller.principal.agent_session_id,
+            now=caller.evidence.now(),
+            after=cursor,
+            limit=_LIST_PAGE,
+        )
+        upstream: dict[str, dict[str, dict[str, Any]]] = {}
+        for server in dict.fromkeys(record.server for record in owned):
+            upstream[server] = await self._upstream_tasks(caller, server)
+        listed = []
+        for record in owned:
+            task = upstream[record.server].get(record.upstream_task_id)
+            if task is not None:
+                listed.append(await self._observed(caller, record, task))
+        page: dict[str, Any] = {"tasks": listed}
+        if len(owned) == _LIST_PAGE:
+            page["nextCursor"] = owned[-1].task_id
+        return page
+
+    # ------------------------------------------------------------------ steps
+
+    async def _owned(self, caller: Caller, params: dict[str, Any]) -> TaskRecord:
+        """The caller's task ``params.taskId`` names. Raises InvalidParams (unknown or not theirs),
+        AgentSessionRevoked/Expired (the store checks the owner first, whatever the id)."""
+        task_id = params.get("taskId")
+        if not isinstance(task_id, str):
+            raise InvalidParams("Invalid params: a taskId string is required")
+        record = await self._store.get_task(
+            task_id,
+            agent=caller.agent,
+            agent_session_id=caller.principal.agent_session_id,
+            now=caller.evidence.now(),
+        )
+        upstream = self._fleet.upstreams.get(record.server) if record is not None else None
+        # The grants in force still name its server (a reload may have taken it away): else unknown.
+        if (
+            record is None
+            or upstream is None
+            or not server_visible(self._snapshot(), caller.principal, record.server, upstream.namespace)
+        ):
+            raise _unknown_task()
+        return record
+
+    async def _ask(
+        self, caller: Caller, record: TaskRecord, method: str, *, on_unknown: bool = False
+    ) -> dict[str, Any]:
+        """``method`` for ``record`` at its server, on the caller's own upstream session or process.
+
+        Raises ``UpstreamReplied`` as the upstream answered; with ``on_unknown``, ``OutcomeUnknown``
+        when a task still live in the store is unknown upstream (its fate is lost, recorded here).
+        """
+        snapshot = self._snapshot()
+        request = {"taskId": record.upstream_task_id}
+        ctx = call_context(caller, snapshot, record.server, request)
+        try:
+            answer = await self._fleet.upstreams[record.server].call(method, request, ctx)
+            problem = wire_problem(answer)
+            if problem is not None:
+                raise UpstreamProtocolError(
+                    "Upstream answered a result the gateway cannot relay",
+                    may_have_acted=True,
+                    problem=problem,
+                )
+            return answer
+        except UpstreamReplied as exc:
+            if not (on_unknown and exc.error.get("code") == _INVALID_PARAMS and not record.terminal):
+                raise
+        await self._settle(caller, record, TaskStatus.FAILED, lost=True)
+        raise OutcomeUnknown(
+            "The task's upstream no longer knows it: its outcome is unknown", task_id=record.task_id
+        )
+
+    async def _poll(self, caller: Caller, record: TaskRecord) -> dict[str, Any]:
+        return await self._observed(
+            caller, record, await self._ask(caller, record, "tasks/get", on_unknown=True)
+        )
+
+    async def _observed(self, caller: Caller, record: TaskRecord, task: Mapping[str, Any]) -> dict[str, Any]:
+        """``task`` as the upstream reported it, recorded (status) and shown with the gateway's id."""
+        status = _status_of(task)
+        if status is None:
+            raise UpstreamProtocolError(
+                "Upstream answered a task the gateway cannot read",
+                may_have_acted=True,
+                problem="task_malformed",
+            )
+        if status is not record.status:
+            await self._settle(caller, record, status)
+        return {**task, "taskId": record.task_id}
+
+    async def _settle(
+        self, caller: Caller, record: TaskRecord, status: TaskStatus, *, lost: bool = False
+    ) -> None:
+        """Record ``status``; the one request that moves the task to it audits the change and, at a
+        terminal status, moves the execution to its terminal state in the same write."""
+        moved = await self._store.set_task_status(
+            record.task_id,
+            status,
+            agent=caller.agent,
+            agent_session_id=caller.principal.agent_session_id,
+            now=caller.evidence.now(),
+        )
+        if moved is None or not moved[1]:
+            return  # another request (any replica) recorded it first, or it was terminal already
+        if self._metrics is not None and status in _TERMINAL_EXECUTION:
+            self._metrics.task_ended(record.server, status.value)
+        if status not in _TERMINAL_EXECUTION:
+            await self._audit(caller, record, AuditEvent.TASK_STATUS, outcome=status.value)
+            return
+        state, reason = _TERMINAL_EXECUTION[status]
+        if lost:
+            state, reason = ExecutionState.OUTCOME_UNKNOWN, "task_lost"
+        step = None
+        if record.execution_id is not None:
+            execution = await self._store.get_execution(caller.agent, record.execution_id)
+            if execution is not None and execution.state is ExecutionState.INVOKING:
+                step = ExecutionStep(caller.agent, record.execution_id, state)
+        detail = {"task_status": status.value}
+        await self._audit(
+            caller,
+            record,
+            AuditEvent(state.value),
+            outcome=state.value,
+            reason=reason,
+            detail=detail,
+            step=step,
+        )
+
+    async def _audit(
+        self,
+        caller: Caller,
+        record: TaskRecord,
+        event: AuditEvent,
+        *,
+        outcome: str | None,
+        reason: str | None = None,
+        detail: dict[str, Any] | None = None,
+        step: ExecutionStep | None = None,
+    ) -> None:
+        fields = {
+            "call_id": record.call_id,
+            "execution_id": record.execution_id,
+            "server": record.server,
+            "policy_version": self._snapshot().version,
+            "outcome": outcome,
+            "reason": reason,
+            "detail": {"task_id": record.task_id, **(detail or {})},
+        }
+        await caller.evidence.record_many([(event, fields)], step=step)
+
+    async def _upstream_tasks(self, caller: Caller, server: str) -> dict[str, dict[str, Any]]:
+        """What ``server`` lists to the caller's own upstream session or process, by upstream id."""
+        found: dict[str, dict[str, Any]] = {}
+        snapshot, cursor = self._snapshot(), None
+        for _ in range(_UPSTREAM_PAGES):
+            request: dict[str, Any] = {"cursor": cursor} if cursor else {}
+            ctx = call_context(caller, snapshot, server, request)
+            page = await self._fleet.upstreams[server].call("tasks/list", request, ctx)
+            tasks = page.get("tasks")
+            if not isinstance(tasks, list):
+                raise UpstreamProtocolError(
+                    "Upstream answered tasks/list without tasks", problem="task_malformed"
+                )
+            found.update(
+                (t["taskId"], t) for t in tasks if isinstance(t, dict) and isinstance(t.get("taskId"), str)
+            )
+            cursor = page.get("nextCursor")
+            if not isinstance(cursor, str) or not cursor:
+                break
+        return found
+
+
+def _status_of(task: object) -> TaskStatus | None:
+    status = task.get("status") if isinstance(task, Mapping) else None
+    try:
+        return TaskStatus(status) if isinstance(status, str) else None
+    except ValueError:
+        return None
+
+
+def _status_value(task: Mapping[str, Any]) -> str | None:
+    status = _status_of(task)
+    return None if status is None else status.value
