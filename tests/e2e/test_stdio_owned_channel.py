@@ -257,7 +257,10 @@ async def test_an_agent_session_process_speaks_to_every_session_of_its_owner_alo
 
         return on_log
 
+    roots_asked = anyio.Event()
+
     async def list_roots(context: Any) -> ListRootsResult:
+        roots_asked.set()
         return ListRootsResult(roots=[Root(uri="file:///work/alice-2", name="alice-2")])  # type: ignore[arg-type]
 
     async with _gateway(tmp_path, {"s": {**_speaker(), "scope": "agent_session"}}) as gateway:
@@ -277,6 +280,9 @@ async def test_an_agent_session_process_speaks_to_every_session_of_its_owner_alo
                 assert _text(await first.call_tool("s__tick_later", {"count": 2})) == "scheduled"
                 await both_heard.wait()
                 assert _text(await first.call_tool("s__roots_later", {})) == "asking"
+                # Asked between calls: no call of alice's may be in flight then (one in flight would
+                # take the request itself, and alice-1 declared no roots).
+                await roots_asked.wait()
                 answer = ""
                 while not answer:
                     answer = _text(await first.call_tool("s__last_roots", {}))
@@ -296,6 +302,9 @@ async def test_a_sessionless_process_refuses_and_drops_between_calls_with_a_log_
         with anyio.fail_after(30):
             async with gateway.client("alice", mode="auto") as client:
                 assert _text(await client.call_tool("s__roots_later", {})) == "asking"
+                # Refused between calls (no call in flight: one would take the request itself).
+                while not any("roots/list between calls" in r.getMessage() for r in caplog.records):
+                    await anyio.sleep(0.05)
                 answer = ""
                 while not answer:
                     answer = _text(await client.call_tool("s__last_roots", {}))
