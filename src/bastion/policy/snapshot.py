@@ -61,6 +61,11 @@ def _frozen_map(value: Mapping[str, str] | None) -> Mapping[str, str]:
     return MappingProxyType(dict(value or {}))
 
 
+# Comments more often than this would be a stream of their own; rarer ones outlast common timeouts.
+_MIN_SSE_KEEPALIVE_S = 0.1
+_MAX_SSE_KEEPALIVE_S = 300.0
+
+
 @dataclass(frozen=True)
 class GatewaySettings:
     """Front-door settings. Defaults are the protective ones."""
@@ -82,6 +87,9 @@ class GatewaySettings:
     sse_replay_events: int = 128
     sse_replay_bytes: int = 65_536
     sse_replay_streams: int = 8
+    # A POST answer on SSE that has not come after this long gets a comment line, and another
+    # each time as long again, so a slow start never trips a client's read timeout (issue 22).
+    sse_keepalive_s: float = 5.0
     # Pre-authentication bounds on the HTTP front door (transport/limits.py, issue #12).
     max_header_bytes: int = 16_384
     max_headers: int = 100
@@ -107,6 +115,11 @@ class GatewaySettings:
             raise ConfigError(
                 "gateway.sse_replay_events and sse_replay_streams must be at least 1, "
                 "sse_replay_bytes at least 1024"
+            )
+        if not _MIN_SSE_KEEPALIVE_S <= self.sse_keepalive_s <= _MAX_SSE_KEEPALIVE_S:
+            raise ConfigError(
+                f"gateway.sse_keepalive_s must be between {_MIN_SSE_KEEPALIVE_S:g} and "
+                f"{_MAX_SSE_KEEPALIVE_S:g} (seconds)"
             )
         if not self.tool_separator or not TOOL_NAME_RULE.match(self.tool_separator):
             raise ConfigError("gateway.tool_separator must match ^[a-zA-Z0-9_-]{1,64}$")

@@ -75,6 +75,7 @@ class GatewayTable(_Table):
     header_timeout_s: float | None = None
     body_timeout_s: float | None = None
     keep_alive_s: float | None = None
+    sse_keepalive_s: float | None = None
     allowed_origins: StrList | None = None
     allowed_hosts: StrList | None = None
 

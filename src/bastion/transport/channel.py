@@ -15,11 +15,22 @@ event (``transport/sse_out.py``). When the upstream serving the request ends its
 stream mid-call to be polled (SEP-1699), :meth:`ResponseChannel.pause` does the same
 here: the client's POST response ends after the priming event, and the rest of the
 answer waits in the stream for the client's GET with ``Last-Event-ID``.
+
+A slow answer (issue 22: a first request that waits for its own stdio processes to start) would
+send nothing for as long as it takes, and a client's read timeout would end it. While
+:meth:`ResponseChannel.kept_alive` holds, a client that accepted SSE gets the stream after
+``interval_s`` with nothing to say (committed as a notification would commit it) and then an SSE
+comment every ``interval_s`` until the answer. A comment is not an event: it is never numbered
+or kept, and once a GET took the stream over (or a pause let the POST go) this channel writes none.
+A JSON-only answer cannot carry one and waits as before. Only a timer waits per request; a task
+runs only to write a comment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import anyio
@@ -27,7 +38,8 @@ from starlette.types import Send
 
 from bastion.session.replay import EventStream
 from bastion.transport.jsonrpc import dumps
-from bastion.transport.sse_out import SSE_HEADERS, priming_frame, sse_frame
+from bastion.transport.sse_out import KEEPALIVE_FRAME, SSE_HEADERS, priming_frame, sse_frame
+from bastion.transport.wire import detached
 
 __all__ = ["ResponseChannel"]
 
@@ -60,6 +72,10 @@ class ResponseChannel:
         # The POST response ended mid-call (the upstream's polling close, mirrored): events are
         # only kept for the client's GET from then on.
         self._detached = False
+        # While the answer is awaited (kept_alive): the next comment's timer, its write.
+        self._awaiting = False
+        self._keepalive_timer: asyncio.TimerHandle | None = None
+        self._keepalive_write: asyncio.Task[None] | None = None
 
     def _frame(self, payload: bytes) -> bytes | None:
         """Number and keep ``payload`` (session era); the frame to write here, or None if taken over."""
@@ -168,6 +184,40 @@ class ResponseChannel:
             if self._priming:
                 priming = priming_frame(self._stream.event_id(self._stream.last_number()), retry_ms)
                 await self._send({"type": "http.response.body", "body": priming, "more_body": True})
+
+    @contextlib.contextmanager
+    def kept_alive(self, interval_s: float) -> Iterator[None]:
+        """While inside, an SSE-capable answer gets a comment line every ``interval_s`` of silence."""
+        if not self.sse_allowed:
+            yield
+            return
+        self._awaiting = True
+        self._keepalive_timer = asyncio.get_running_loop().call_later(interval_s, self._tick, interval_s)
+        try:
+            yield
+        finally:
+            self._awaiting = False
+            self._keepalive_timer.cancel()
+
+    def _tick(self, interval_s: float) -> None:
+        self._keepalive_write = detached(self._keep_alive(interval_s))
+
+    async def _keep_alive(self, interval_s: float) -> None:
+        async with self._lock:
+            # The answer came meanwhile, or this POST no longer carries the stream: nothing to add.
+            if not self._awaiting or self.finished or self.broken or self._detached:
+                return
+            try:
+                if not self.committed_sse:
+                    await self._commit_sse(None)
+                if self._stream is not None and not self._stream.is_current(self._reader):
+                    return  # a GET with Last-Event-ID resumed this stream: it keeps itself alive
+                await self._send({"type": "http.response.body", "body": KEEPALIVE_FRAME, "more_body": True})
+            except OSError:
+                self.broken = True
+                return
+        if self._awaiting:
+            self._keepalive_timer = asyncio.get_running_loop().call_later(interval_s, self._tick, interval_s)
 
     def _sse_headers(self) -> list[tuple[bytes, bytes]]:
         return SSE_HEADERS + self._headers

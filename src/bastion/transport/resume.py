@@ -19,12 +19,17 @@ from starlette.types import Receive, Send
 from bastion.errors import LastEventIdUnknown
 from bastion.session.replay import EventStream
 from bastion.session.state import TransportSession
-from bastion.transport.sse_out import SSE_HEADERS, primes, priming_frame, sse_frame
+from bastion.transport.sse_out import (
+    GET_KEEPALIVE_S,
+    KEEPALIVE_FRAME,
+    SSE_HEADERS,
+    primes,
+    priming_frame,
+    sse_frame,
+)
 from bastion.transport.wire import watch_disconnect
 
 __all__ = ["serve_event_stream"]
-
-_KEEPALIVE_S = 15.0
 
 
 async def serve_event_stream(
@@ -68,10 +73,10 @@ async def serve_event_stream(
                     cursor = number
                 if stream.finished and cursor == stream.last_number():
                     break  # a response stream whose response went out
-                with anyio.move_on_after(_KEEPALIVE_S) as keepalive:
+                with anyio.move_on_after(GET_KEEPALIVE_S) as keepalive:
                     await changed.wait()
                 if keepalive.cancelled_caught:
-                    await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
+                    await send({"type": "http.response.body", "body": KEEPALIVE_FRAME, "more_body": True})
             tg.cancel_scope.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except OSError:

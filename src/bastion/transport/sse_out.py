@@ -10,17 +10,36 @@ loses the stream before any message, or that the gateway lets go mid-call (mirro
 upstream that closed its own stream to be polled), resumes from that id with a GET and
 ``Last-Event-ID``. An SSE client does not dispatch an event with empty data, so the
 priming event is invisible to anything but the resumption machinery.
+
+Every era: a stream with nothing to say carries a comment line (:data:`KEEPALIVE_FRAME`) now
+and then, the GET stream every :data:`GET_KEEPALIVE_S`, a POST answer every
+``gateway.sse_keepalive_s`` until its answer (``transport/channel.py``), so that neither an
+intermediary nor a client's read timeout ends a stream that is only slow. A client's SSE parser
+drops comments: they are never events, never numbered, never replayed.
 """
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_RETRY_MS", "MAX_RETRY_MS", "SSE_HEADERS", "primes", "priming_frame", "sse_frame"]
+__all__ = [
+    "DEFAULT_RETRY_MS",
+    "GET_KEEPALIVE_S",
+    "KEEPALIVE_FRAME",
+    "MAX_RETRY_MS",
+    "SSE_HEADERS",
+    "primes",
+    "priming_frame",
+    "sse_frame",
+]
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache, no-transform"),
     (b"x-accel-buffering", b"no"),
 ]
+# An SSE comment line: bytes on the wire (they reset a client's per-read timeout), no event.
+KEEPALIVE_FRAME = b": keepalive\n\n"
+# How long a GET stream stays silent before a comment.
+GET_KEEPALIVE_S = 15.0
 # How long a client waits before reconnecting, unless the upstream of a call asked for its own;
 # an upstream's hint is passed on within the bound Bastion keeps for itself (upstream/resume.py).
 DEFAULT_RETRY_MS = 1000

@@ -377,16 +377,18 @@ class FrontDoor:
                 in_flight = InFlightCall(request.id, request.method, call_scope)
                 transport_session.in_flight[request.id] = in_flight
             try:
-                if cancel_on_disconnect:
-                    # Sessionless era: closing the request's stream cancels the request, and so
-                    # does revoking its agent session.
-                    with (
-                        self._track_sessionless(caller.principal, call_scope),
-                        disconnect_cancels(receive, call_scope),
-                    ):
+                # A slow answer keeps the client's read timeout from firing (SSE comments, #22).
+                with channel.kept_alive(self._snapshot().gateway.sse_keepalive_s):
+                    if cancel_on_disconnect:
+                        # Sessionless era: closing the request's stream cancels the request, and so
+                        # does revoking its agent session.
+                        with (
+                            self._track_sessionless(caller.principal, call_scope),
+                            disconnect_cancels(receive, call_scope),
+                        ):
+                            reply, status = await self._dispatch(caller, request, sessionless)
+                    else:
                         reply, status = await self._dispatch(caller, request, sessionless)
-                else:
-                    reply, status = await self._dispatch(caller, request, sessionless)
                 if before_finish is not None:
                     with anyio.CancelScope(shield=True):
                         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import anyio
@@ -18,7 +18,15 @@ from starlette.types import Receive, Send
 from bastion.errors import BastionError, BodyTooLarge, InvalidRequest
 from bastion.transport.jsonrpc import RequestId, dumps, error_message
 
-__all__ = ["accepted", "disconnect_cancels", "meta_of", "read_body", "reject", "watch_disconnect"]
+__all__ = [
+    "accepted",
+    "detached",
+    "disconnect_cancels",
+    "meta_of",
+    "read_body",
+    "reject",
+    "watch_disconnect",
+]
 
 
 def meta_of(decoded: dict[str, Any]) -> dict[str, Any]:
@@ -43,12 +51,18 @@ def disconnect_cancels(receive: Receive, scope: anyio.CancelScope) -> Iterator[N
     One plain task watches ``receive``, cancelled on the way out and not waited for: a
     task group per request would cost a cancel scope and a loop turn more (issue #13).
     """
-    watcher = asyncio.ensure_future(watch_disconnect(receive, scope))
-    watcher.add_done_callback(_retrieve)
+    watcher = detached(watch_disconnect(receive, scope))
     try:
         yield
     finally:
         watcher.cancel()
+
+
+def detached(coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    """Run ``coroutine`` as one plain task of its own; keep the task (the loop holds it weakly)."""
+    task = asyncio.ensure_future(coroutine)
+    task.add_done_callback(_retrieve)
+    return task
 
 
 def _retrieve(task: asyncio.Future[None]) -> None:

@@ -607,6 +607,16 @@ CONSTRUCTOR_INVALID = [
         id="zero-connections-per-address",
     ),
     pytest.param(
+        "[gateway]\nsse_keepalive_s = 0\n" + MINIMAL,
+        "gateway.sse_keepalive_s must be between 0.1 and 300 (seconds)",
+        id="zero-sse-keepalive",
+    ),
+    pytest.param(
+        "[gateway]\nsse_keepalive_s = 301\n" + MINIMAL,
+        "gateway.sse_keepalive_s must be between 0.1 and 300 (seconds)",
+        id="rare-sse-keepalive",
+    ),
+    pytest.param(
         '[gateway]\nkeep_alive_s = "5"\n' + MINIMAL,
         "gateway.keep_alive_s",
         id="keep-alive-not-a-number",
