@@ -52,6 +52,7 @@ from bastion.store.tasks import NewTask, TaskRecord, TaskStatus
 from bastion.tasks.support import TASK_PARAM
 from bastion.upstream.base import UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
+from bastion.versions import TASKS_VERSIONS
 from bastion.wire_value import wire_problem
 
 __all__ = ["RELATED_TASK_META_KEY", "TaskRelay", "relayed_tasks_capability"]
@@ -110,9 +111,13 @@ class TaskRelay:
     # ------------------------------------------------------------------ creation (call.py)
 
     def relays_task(self, caller: Caller, entry: ToolEntry, params: Mapping[str, Any]) -> bool:
-        """Whether this call goes upstream as a task: asked for, in the session era, by a tool and a
-        server that take one."""
-        if caller.transport_session is None or not isinstance(params.get(TASK_PARAM), Mapping):
+        """Whether this call goes upstream as a task: asked for, at a session-era revision that has
+        tasks, by a tool and a server that take one."""
+        if (
+            caller.transport_session is None
+            or caller.protocol_version not in TASKS_VERSIONS
+            or not isinstance(params.get(TASK_PARAM), Mapping)
+        ):
             return False
         execution = entry.definition.get("execution")
         support = execution.get("taskSupport") if isinstance(execution, Mapping) else None

@@ -501,7 +501,7 @@ class FrontDoor:
             await self._replicas.record_opened(transport_session)
         result = {
             "protocolVersion": negotiated,
-            "capabilities": self._router.capabilities_for(principal),
+            "capabilities": self._router.capabilities_for(principal, negotiated),
             "serverInfo": SERVER_INFO,
             "instructions": "Bastion gateway: one governed surface over several MCP servers.",
         }
