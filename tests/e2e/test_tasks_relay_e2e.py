@@ -116,6 +116,7 @@ async def http_exchange(
     [initialized] = [m for m in messages_of(opened) if m.get("id") == 0]
     assert initialized["result"]["protocolVersion"] == version
     exchange.capabilities = initialized["result"]["capabilities"]  # type: ignore[attr-defined]
+    exchange.headers = exchange_headers  # type: ignore[attr-defined]
     yield exchange
 
 

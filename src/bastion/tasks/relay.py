@@ -28,13 +28,20 @@ each status change, the result and a cancellation are audit entries that carry t
 call's ``call_id`` and ``execution_id`` (they join with its entries offline), written to the
 caller's chain: for the same client session, the creating call's chain.
 
-Not yet: the 2026 tasks extension (sessionless era; ``tasks/*`` there stay -32601), and
-``notifications/tasks/status`` (an upstream's are dropped, never relayed with its ids; clients
-poll). Never sends a task to an upstream that did not declare it; never shows an upstream id.
+``notifications/tasks/status`` that a server pushes on a client's own upstream session (its GET
+stream) or from its own stdio process reach that client only, under the gateway's id
+(:meth:`TaskRelay.status_notified`, found in the store per owner); a status for an id nobody there
+owns is dropped with a log line, and a terminal one settles the execution as a poll would.
+
+Only at a revision that has tasks (2025-11-25, ``versions.TASKS_VERSIONS``). Not yet: the 2026
+tasks extension (sessionless era; ``tasks/*`` there stay -32601), and a status sent inside a
+request's own stream (dropped there, ``upstream/relay.py``). Never sends a task to an upstream that
+did not declare it; never shows an upstream id.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -42,11 +49,12 @@ from bastion.admission.states import ExecutionState
 from bastion.audit.entry import AuditEntry, AuditEvent, digest_json
 from bastion.call_context import call_context
 from bastion.caller import Caller
-from bastion.errors import InvalidParams, OutcomeUnknown, UpstreamProtocolError
+from bastion.errors import BastionError, InvalidParams, OutcomeUnknown, UpstreamProtocolError
 from bastion.ids import EvidenceSessionId
 from bastion.metrics import CallMetrics
 from bastion.policy.decide import server_visible
 from bastion.policy.snapshot import Snapshot
+from bastion.session.state import TransportSession
 from bastion.store.base import ExecutionStep, Store
 from bastion.store.tasks import NewTask, TaskRecord, TaskStatus
 from bastion.tasks.support import TASK_PARAM
@@ -65,6 +73,7 @@ _TERMINAL_EXECUTION: Final[dict[TaskStatus, tuple[ExecutionState, str | None]]] 
     TaskStatus.FAILED: (ExecutionState.FAILED, "task_failed"),
     TaskStatus.CANCELLED: (ExecutionState.OUTCOME_UNKNOWN, "task_cancelled"),
 }
+logger = logging.getLogger(__name__)
 _INVALID_PARAMS: Final[int] = -32602
 _LIST_PAGE: Final[int] = 100
 _UPSTREAM_PAGES: Final[int] = 100  # bound on one tasks/list's pages from one upstream
@@ -269,6 +278,52 @@ class TaskRelay:
             page["nextCursor"] = owned[-1].task_id
         return page
 
+    # ------------------------------------------------------------------ notifications/tasks/status
+
+    async def status_notified(
+        self, transport_session: TransportSession, server: str, params: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """A task status ``server`` pushed on ``transport_session``'s own upstream session or process:
+        the params its client is told (the gateway's id), or ``None`` (dropped, with a log line).
+
+        Only the owner's task maps (the store is keyed per owner, as for ``tasks/get``): an upstream
+        id nobody here owns, a task at a revision without tasks, a revoked owner, a server its grants
+        no longer name, or a status the gateway cannot read is dropped, never passed on. A status
+        that differs from the recorded one settles the task as a poll that saw it would.
+        """
+        if transport_session.protocol_version not in TASKS_VERSIONS:
+            _drop(server, "at a protocol revision without tasks")
+            return None
+        caller = Caller.of_transport_session(transport_session)
+        upstream_id = params.get("taskId")
+        if not isinstance(upstream_id, str) or _status_of(params) is None or wire_problem(params):
+            _drop(server, "that the gateway cannot read")
+            return None
+        try:
+            record = await self._store.task_of_upstream(
+                server,
+                upstream_id,
+                agent=caller.agent,
+                agent_session_id=caller.principal.agent_session_id,
+                now=caller.evidence.now(),
+            )
+            upstream = self._fleet.upstreams.get(server)
+            if (
+                record is None
+                or upstream is None
+                or not server_visible(self._snapshot(), caller.principal, server, upstream.namespace)
+            ):
+                _drop(server, "for a task no client of this session owns")
+                return None
+            task = await self._observed(caller, record, params)
+        except BastionError as exc:  # a revoked owner, a store that cannot record it: the poll will say
+            _drop(server, f"that could not be recorded ({exc.reason.value})", level=logging.WARNING)
+            return None
+        meta = task.get("_meta")
+        if isinstance(meta, dict) and RELATED_TASK_META_KEY in meta:
+            task = {**task, "_meta": {**meta, RELATED_TASK_META_KEY: {"taskId": record.task_id}}}
+        return task
+
     # ------------------------------------------------------------------ steps
 
     async def _owned(self, caller: Caller, params: dict[str, Any]) -> TaskRecord:
@@ -420,6 +475,11 @@ class TaskRelay:
             if not isinstance(cursor, str) or not cursor:
                 break
         return found
+
+
+def _drop(server: str, why: str, *, level: int = logging.DEBUG) -> None:
+    # Debug by default: an upstream decides how often it sends one, so it must not flood the log.
+    logger.log(level, "upstream %s sent a task status %s; dropped", server, why, extra={"server": server})
 
 
 def _status_of(task: object) -> TaskStatus | None:
