@@ -31,7 +31,9 @@ caller's chain: for the same client session, the creating call's chain.
 ``notifications/tasks/status`` that a server pushes on a client's own upstream session (its GET
 stream) or from its own stdio process reach that client only, under the gateway's id
 (:meth:`TaskRelay.status_notified`, found in the store per owner); a status for an id nobody there
-owns is dropped with a log line, and a terminal one settles the execution as a poll would.
+owns is dropped with a log line, and a terminal one settles the execution as a poll would. One
+pushed before its task is recorded, while a call is in flight, is held on the transport session
+and relayed when :meth:`TaskRelay.created` records the task.
 
 Only at a revision that has tasks (2025-11-25, ``versions.TASKS_VERSIONS``). Not yet: the 2026
 tasks extension (sessionless era; ``tasks/*`` there stay -32601), and a status sent inside a
@@ -58,7 +60,7 @@ from bastion.session.state import TransportSession
 from bastion.store.base import ExecutionStep, Store
 from bastion.store.tasks import NewTask, TaskRecord, TaskStatus
 from bastion.tasks.support import TASK_PARAM
-from bastion.upstream.base import UpstreamReplied
+from bastion.upstream.base import TASK_STATUS, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
 from bastion.versions import TASKS_VERSIONS
 from bastion.wire_value import wire_problem
@@ -76,6 +78,7 @@ _TERMINAL_EXECUTION: Final[dict[TaskStatus, tuple[ExecutionState, str | None]]] 
 logger = logging.getLogger(__name__)
 _INVALID_PARAMS: Final[int] = -32602
 _LIST_PAGE: Final[int] = 100
+_HELD_STATUSES: Final[int] = 8  # per transport session: statuses pushed before their task's record
 _UPSTREAM_PAGES: Final[int] = 100  # bound on one tasks/list's pages from one upstream
 
 
@@ -191,6 +194,7 @@ class TaskRelay:
         )
         if self._metrics is not None:
             self._metrics.task_created(server)
+        await self._relay_held_status(caller, server, upstream_id)
         entries = await caller.evidence.record_many(
             [
                 (
@@ -300,13 +304,19 @@ class TaskRelay:
             _drop(server, "that the gateway cannot read")
             return None
         try:
-            record = await self._store.task_of_upstream(
-                server,
-                upstream_id,
-                agent=caller.agent,
-                agent_session_id=caller.principal.agent_session_id,
-                now=caller.evidence.now(),
-            )
+            record = await self._task_of_upstream(caller, server, upstream_id)
+            if record is None and transport_session.in_flight:
+                # Maybe its creating call, still in flight: held for created() (a server may push a
+                # status before its CreateTaskResult is read), then looked up once more in case the
+                # creation was recorded meanwhile (whoever pops it relays it).
+                _hold(transport_session, (server, upstream_id), params)
+                record = await self._task_of_upstream(caller, server, upstream_id)
+                if record is None:
+                    _drop(server, "before its task is recorded (held while a call is in flight)")
+                    return None
+                held = transport_session.early_task_statuses or {}
+                if held.pop((server, upstream_id), None) is None:
+                    return None  # created() took it
             upstream = self._fleet.upstreams.get(server)
             if (
                 record is None
@@ -325,6 +335,28 @@ class TaskRelay:
         return task
 
     # ------------------------------------------------------------------ steps
+
+    async def _task_of_upstream(self, caller: Caller, server: str, upstream_id: str) -> TaskRecord | None:
+        return await self._store.task_of_upstream(
+            server,
+            upstream_id,
+            agent=caller.agent,
+            agent_session_id=caller.principal.agent_session_id,
+            now=caller.evidence.now(),
+        )
+
+    async def _relay_held_status(self, caller: Caller, server: str, upstream_id: str) -> None:
+        """A status pushed before ``created`` recorded its task: relayed now, unless terminal (then
+        the creating call is still settling; a poll records it) or no longer held."""
+        transport_session = caller.transport_session
+        held = transport_session.early_task_statuses if transport_session is not None else None
+        params = held.pop((server, upstream_id), None) if held else None
+        if transport_session is None or params is None or _status_of(params) in _TERMINAL_EXECUTION:
+            return
+        relayed = await self.status_notified(transport_session, server, params)
+        channel = transport_session.upstream_sessions.channel
+        if relayed is not None and channel is not None:
+            await channel.notify(TASK_STATUS, relayed)
 
     async def _owned(self, caller: Caller, params: dict[str, Any]) -> TaskRecord:
         """The caller's task ``params.taskId`` names. Raises InvalidParams (unknown or not theirs),
@@ -475,6 +507,16 @@ class TaskRelay:
             if not isinstance(cursor, str) or not cursor:
                 break
         return found
+
+
+def _hold(transport_session: TransportSession, key: tuple[str, str], params: dict[str, Any]) -> None:
+    held = transport_session.early_task_statuses
+    if held is None:
+        held = transport_session.early_task_statuses = {}
+    held.pop(key, None)
+    held[key] = params  # the latest status of that id, newest last
+    while len(held) > _HELD_STATUSES:
+        del held[next(iter(held))]  # a hostile upstream's made-up ids push out only their own kind
 
 
 def _drop(server: str, why: str, *, level: int = logging.DEBUG) -> None:
