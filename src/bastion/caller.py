@@ -37,6 +37,20 @@ class Caller:
     # Sessionless era: the request's Mcp-Param-* headers (duplicates kept), checked against the tool.
     param_headers: Any = None
 
+    @classmethod
+    def of_transport_session(cls, transport_session: TransportSession) -> Caller:
+        """The session era's caller: the transport session's own principal, version and chain."""
+        return cls(
+            agent=transport_session.agent,
+            principal=transport_session.principal,
+            protocol_version=transport_session.protocol_version,
+            client_capabilities=transport_session.client_capabilities,
+            transport_session=transport_session,
+            relay=None,
+            evidence=transport_session.evidence,
+            log_level=transport_session.log_level,
+        )
+
     @property
     def owner_ref(self) -> str:
         """Whoever its upstream state belongs to: its transport session, else its agent session (issue 22)."""

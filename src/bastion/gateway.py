@@ -257,6 +257,7 @@ class Gateway:
             on_late_write=self._record_late_write,
             telemetry=self.telemetry,
         )
+        self.registry.task_status = self.call_path.tasks.status_notified  # pushed task statuses
         self.router = MethodRouter(
             self.fleet,
             self.call_path,

@@ -38,7 +38,7 @@ from bastion.surface.resources import ResourcePath
 from bastion.surface.subscribe import SubscribePath
 from bastion.surface.subscriptions import ResourceSubscriptions
 from bastion.upstream.fleet import UpstreamFleet
-from bastion.versions import SUPPORTED_VERSIONS
+from bastion.versions import SUPPORTED_VERSIONS, TASKS_VERSIONS
 
 __all__ = ["SERVER_CAPABILITIES", "SERVER_INFO", "MethodRouter", "for_sessionless_wire"]
 
@@ -135,12 +135,13 @@ class MethodRouter:
             "tasks/cancel": call_path.tasks.cancel,
         }
 
-    def capabilities_for(self, principal: Principal) -> dict[str, Any]:
-        """What this principal is told the gateway offers (resources etc. only where it may see some)."""
-        return {
-            **SERVER_CAPABILITIES,
-            **self._capabilities.capabilities_for(self._fleet, self._snapshot(), principal),
-        }
+    def capabilities_for(self, principal: Principal, protocol_version: str) -> dict[str, Any]:
+        """What this principal is told the gateway offers at ``protocol_version`` (resources etc. only
+        where it may see some; ``tasks`` only at a revision that has them)."""
+        relayed = self._capabilities.capabilities_for(self._fleet, self._snapshot(), principal)
+        if protocol_version not in TASKS_VERSIONS:
+            relayed.pop("tasks", None)
+        return {**SERVER_CAPABILITIES, **relayed}
 
     async def dispatch(
         self, caller: Caller, method: str, params: dict[str, Any], request_id: str | int | None = None
@@ -162,8 +163,10 @@ class MethodRouter:
         handler = self._handlers.get(method)
         if handler is None or (not sessionless and method in MODERN_ONLY):
             raise MethodNotFound(f"Method not found: {method}", method=method)
-        if method in SESSION_ERA_TASKS and "tasks" not in self.capabilities_for(caller.principal):
-            # No server this principal sees offers tasks: the method is not served, as upstream.
+        if method in SESSION_ERA_TASKS and "tasks" not in self.capabilities_for(
+            caller.principal, caller.protocol_version
+        ):
+            # No server this principal sees offers tasks, or the revision has none: not served.
             raise MethodNotFound(f"Method not found: {method}", method=method)
         if self._telemetry is not None and method in _OBSERVED:
             return await self._telemetry.request(method, str(caller.agent), lambda: handler(caller, params))
@@ -174,7 +177,7 @@ class MethodRouter:
 
     async def _discover(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         # The session era's tasks capability: not what a 2026 client can use (tasks/relay.py).
-        capabilities = {k: v for k, v in self.capabilities_for(caller.principal).items() if k != "tasks"}
+        capabilities = self.capabilities_for(caller.principal, caller.protocol_version)
         return {
             "supportedVersions": list(SUPPORTED_VERSIONS),
             "capabilities": capabilities,

@@ -23,6 +23,7 @@ __all__ = [
     "MODERN_VERSIONS",
     "PROTOCOL_VERSION_META_KEY",
     "SUPPORTED_VERSIONS",
+    "TASKS_VERSIONS",
 ]
 
 # Session era: initialize + Mcp-Session-Id.
@@ -30,6 +31,9 @@ HANDSHAKE_VERSIONS: Final[tuple[str, ...]] = ("2025-03-26", "2025-06-18", "2025-
 LATEST_HANDSHAKE_VERSION: Final[str] = HANDSHAKE_VERSIONS[-1]
 # A session-era request without MCP-Protocol-Version is taken as this revision (spec: "assume 2025-03-26").
 DEFAULT_HANDSHAKE_VERSION: Final[str] = "2025-03-26"
+# Session-era revisions that have 2025-11-25 tasks (the ``tasks`` capability, ``tasks/*``,
+# ``params.task``); at the others a client is served as if no upstream had tasks (issue 24).
+TASKS_VERSIONS: Final[frozenset[str]] = frozenset({"2025-11-25"})
 # Sessionless era: server/discover, per-request envelope.
 MODERN_VERSIONS: Final[tuple[str, ...]] = ("2026-07-28",)
 MODERN_VERSION: Final[str] = MODERN_VERSIONS[-1]

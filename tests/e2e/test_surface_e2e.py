@@ -31,6 +31,7 @@ from bastion.app import create_app
 from bastion.auth.bearer import hash_token
 from bastion.gateway import RuntimeOptions
 from bastion.policy.load import snapshot_from_mapping
+from bastion.versions import LATEST_HANDSHAKE_VERSION
 from tests.e2e.conftest import TOKENS, RunningGateway, _stop
 from tests.support.loopback import serve_on_loopback
 
@@ -214,9 +215,9 @@ async def test_capabilities_are_advertised_only_where_an_upstream_offers_them(
     config["grants"].append({"agent": "carol", "servers": ["a"], "tools": ["*"]})
     config["agents"]["carol"] = {"token_sha256": hash_token(TOKENS["alice"] + "c")}
     async with _gateway(tmp_path, config) as running:
-        caps = running.gateway.router.capabilities_for(_principal("carol"))
+        caps = running.gateway.router.capabilities_for(_principal("carol"), LATEST_HANDSHAKE_VERSION)
         assert "resources" not in caps and "prompts" not in caps and "completions" not in caps
-        caps = running.gateway.router.capabilities_for(_principal("alice"))
+        caps = running.gateway.router.capabilities_for(_principal("alice"), LATEST_HANDSHAKE_VERSION)
         assert {"resources", "prompts", "completions"} <= set(caps)
 
 

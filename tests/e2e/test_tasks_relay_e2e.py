@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from bastion.auth.bearer import hash_token
+from bastion.versions import HANDSHAKE_VERSIONS, TASKS_VERSIONS
 from tests.e2e.issue4_support import (
     ACCEPT,
     ADMIN_TOKEN,
@@ -72,9 +73,11 @@ def write_config(path: Path, granted: tuple[str, ...] | None = None, *, url: str
 
 
 @contextlib.asynccontextmanager
-async def http_exchange(http: httpx.AsyncClient, url: str, agent: str) -> AsyncIterator[Exchange]:
-    """A 2025-11-25 transport session of ``agent`` (a name of ``TOKENS``, else a bearer token) with
-    the gateway, declaring the tasks capability."""
+async def http_exchange(
+    http: httpx.AsyncClient, url: str, agent: str, *, version: str = VERSION
+) -> AsyncIterator[Exchange]:
+    """A transport session of ``agent`` (a name of ``TOKENS``, else a bearer token) with the gateway
+    at ``version`` (2025-11-25 unless told), declaring the tasks capability."""
     ids = itertools.count(1)
     headers = {
         "authorization": f"Bearer {TOKENS.get(agent, agent)}",
@@ -82,7 +85,7 @@ async def http_exchange(http: httpx.AsyncClient, url: str, agent: str) -> AsyncI
         "content-type": "application/json",
     }
     init = {
-        "protocolVersion": VERSION,
+        "protocolVersion": version,
         "capabilities": {"tasks": TASKS_CAPABILITY},
         "clientInfo": {"name": "tasks-relay", "version": "0"},
     }
@@ -93,7 +96,7 @@ async def http_exchange(http: httpx.AsyncClient, url: str, agent: str) -> AsyncI
     exchange_headers = {
         **headers,
         "mcp-session-id": opened.headers["mcp-session-id"],
-        "mcp-protocol-version": VERSION,
+        "mcp-protocol-version": version,
     }
     acked = await http.post(
         url, headers=exchange_headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
@@ -111,7 +114,9 @@ async def http_exchange(http: httpx.AsyncClient, url: str, agent: str) -> AsyncI
         raise AssertionError(f"no answer to {method}: {response.status_code} {response.text}")
 
     [initialized] = [m for m in messages_of(opened) if m.get("id") == 0]
+    assert initialized["result"]["protocolVersion"] == version
     exchange.capabilities = initialized["result"]["capabilities"]  # type: ignore[attr-defined]
+    exchange.headers = exchange_headers  # type: ignore[attr-defined]
     yield exchange
 
 
@@ -378,3 +383,25 @@ async def test_tasks_methods_are_not_found_for_a_principal_no_tasks_server_is_vi
             for method in ("tasks/get", "tasks/list"):
                 assert (await bob(method, {"taskId": "task_" + "0" * 32}))["error"]["code"] == -32601
             assert (await alice("tasks/get", {"taskId": "task_" + "0" * 32}))["error"]["code"] == -32602
+
+
+async def test_tasks_are_announced_and_served_only_at_a_revision_that_has_them(tmp_path: Path) -> None:
+    """At 2025-03-26 and 2025-06-18 (no tasks) initialize announces no tasks, tasks/* are -32601 and
+    params.task is ignored (a task-required tool is refused task_required, nothing is created);
+    at 2025-11-25 the same server's tasks are announced and served."""
+    with anyio.fail_after(DEADLINE_S):
+        async with serving(tmp_path) as (http, url, _):
+            for version in HANDSHAKE_VERSIONS:
+                async with http_exchange(http, url, "alice", version=version) as alice:
+                    capabilities = alice.capabilities  # type: ignore[attr-defined]
+                    if version in TASKS_VERSIONS:
+                        assert capabilities["tasks"] == TASKS_CAPABILITY
+                        assert "result" in await alice("tasks/list", {})
+                        continue
+                    assert "tasks" not in capabilities, version
+                    for method in ("tasks/get", "tasks/result", "tasks/cancel", "tasks/list"):
+                        answer = await alice(method, {"taskId": "task_" + "0" * 32})
+                        assert answer["error"]["code"] == -32601, (version, method, answer)
+                    refused = await alice("tools/call", task_call(f"old-{version}"))
+                    assert refused["error"]["data"]["reason"] == "task_required", (version, refused)
+    assert rows(tmp_path / "data", "SELECT count(*) FROM tasks") == [(0,)]

@@ -39,6 +39,19 @@ class TaskStorePassthrough:
             execution_id, agent=agent, agent_session_id=agent_session_id, now=now
         )
 
+    async def task_of_upstream(
+        self: _Wrapper,
+        server: str,
+        upstream_task_id: str,
+        *,
+        agent: AgentId,
+        agent_session_id: str | None,
+        now: datetime,
+    ) -> TaskRecord | None:
+        return await self.inner.task_of_upstream(
+            server, upstream_task_id, agent=agent, agent_session_id=agent_session_id, now=now
+        )
+
     async def set_task_status(
         self: _Wrapper,
         task_id: str,

@@ -18,7 +18,7 @@ from bastion.auth.principal import Principal
 from bastion.errors import SessionNotFound, TooManySessions
 from bastion.ids import AgentId, TransportSessionId, new_transport_session_id
 from bastion.session.replay import ReplayLimits, SessionStreams
-from bastion.session.server_channel import ServerChannel
+from bastion.session.server_channel import ServerChannel, TaskStatusHook
 from bastion.session.state import InFlightCall, TransportSession
 from bastion.store.replicas import transport_session_key
 
@@ -50,6 +50,8 @@ class SessionRegistry:
         # Sessions used since the last flush: their shared idle expiry is moved on in one batch (#10).
         self._touched: set[TransportSessionId] = set()
         self._by_key: dict[str, TransportSessionId] = {}
+        # Set by the gateway (tasks/relay.py): an upstream's task status, mapped for its owner.
+        self.task_status: TaskStatusHook | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -161,8 +163,14 @@ class SessionRegistry:
             streams=SessionStreams(self._replay_limits),
         )
         # What its own upstream sessions send outside a request reaches it here (issue 22).
-        record.upstream_sessions.channel = ServerChannel(record)
+        record.upstream_sessions.channel = ServerChannel(record, self._task_status)
         return record
+
+    async def _task_status(
+        self, transport_session: TransportSession, server: str, params: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        hook = self.task_status
+        return None if hook is None else await hook(transport_session, server, params)
 
     def remove(self, transport_session: TransportSession) -> list[InFlightCall]:
         """Forget the session and cancel its requests; returns them, so the caller can await their end."""

@@ -11,17 +11,24 @@ gateway-minted id registered on this session, as a request relayed on a call's s
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import orjson
 
 from bastion.session.state import PendingClientRequest, TransportSession
-from bastion.upstream.base import ClientDeclined
+from bastion.upstream.base import TASK_STATUS, ClientDeclined
 from bastion.upstream.capability_sets import required_capability
 from bastion.upstream.era_paths import LOG_LEVELS
 
-__all__ = ["CLIENT_ANSWER_TIMEOUT_S", "ServerChannel"]
+__all__ = ["CLIENT_ANSWER_TIMEOUT_S", "ServerChannel", "TaskStatusHook"]
+
+logger = logging.getLogger(__name__)
+# An upstream's task status as this session's client may see it (``tasks/relay.py``): the params
+# under the gateway's id, or ``None`` when the task is not this client's (dropped, logged there).
+TaskStatusHook = Callable[[TransportSession, str, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
 # A question on the GET stream may wait for a human (elicitation), but not forever.
 CLIENT_ANSWER_TIMEOUT_S = 120.0
@@ -30,8 +37,11 @@ CLIENT_ANSWER_TIMEOUT_S = 120.0
 class ServerChannel:
     """The :class:`~bastion.upstream.base.SessionChannel` of one transport session."""
 
-    def __init__(self, transport_session: TransportSession) -> None:
+    def __init__(
+        self, transport_session: TransportSession, task_status: TaskStatusHook | None = None
+    ) -> None:
         self._transport_session = transport_session
+        self._task_status = task_status
 
     def _publish(self, message: dict[str, Any]) -> bool:
         transport_session = self._transport_session
@@ -86,3 +96,14 @@ class ServerChannel:
         # Its own upstream session's tools changed: its view is listed again on its next tools/list.
         self._transport_session.upstream_sessions.view = None
         self._publish({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+
+    async def task_status(self, server: str, params: dict[str, Any]) -> None:
+        transport_session = self._transport_session
+        if transport_session.terminated:
+            return
+        if self._task_status is None:
+            logger.debug("upstream %s sent a task status: tasks are not relayed here; dropped", server)
+            return
+        relayed = await self._task_status(transport_session, server, params)
+        if relayed is not None:
+            self._publish({"jsonrpc": "2.0", "method": TASK_STATUS, "params": relayed})

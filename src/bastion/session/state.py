@@ -70,6 +70,9 @@ class TransportSession:
     terminated: bool = False
     # Namespaces whose tools this session's last tools/list showed (attachment evidence).
     surface_namespaces: frozenset[str] | None = None
+    # Task statuses an upstream pushed, by (server, upstream task id), before the task they name was
+    # recorded (tasks/relay.py): held while a call is in flight, at most a few; None until one is.
+    early_task_statuses: dict[tuple[str, str], dict[str, Any]] | None = None
     _relay_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     # Several replicas may serve this session at once (#10): their relay ids must never meet.
     _relay_prefix: str = field(default_factory=lambda: secrets.token_hex(4))

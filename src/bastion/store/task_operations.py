@@ -47,6 +47,20 @@ class TaskOperations:
             lambda: tasks.task_of_execution(execution_id, agent, agent_session_id, now), snapshot=True
         )
 
+    async def task_of_upstream(
+        self,
+        server: str,
+        upstream_task_id: str,
+        *,
+        agent: AgentId,
+        agent_session_id: str | None,
+        now: datetime,
+    ) -> TaskRecord | None:
+        return await self._read(
+            lambda: tasks.task_of_upstream(server, upstream_task_id, agent, agent_session_id, now),
+            snapshot=True,
+        )
+
     async def set_task_status(
         self,
         task_id: str,

@@ -132,6 +132,20 @@ class TaskStore(Protocol):
         """The owner's task that execution ``execution_id`` created, or ``None``; raises as get_task."""
         ...
 
+    async def task_of_upstream(
+        self,
+        server: str,
+        upstream_task_id: str,
+        *,
+        agent: AgentId,
+        agent_session_id: str | None,
+        now: datetime,
+    ) -> TaskRecord | None:
+        """The owner's task that ``server`` knows as ``upstream_task_id``, or ``None`` (unknown or
+        another owner's: one answer); raises as :meth:`get_task`. For an upstream's status
+        notification (``tasks/relay.py``)."""
+        ...
+
     async def list_tasks(
         self,
         *,

@@ -8,7 +8,8 @@ this principal names (all of them when no grants are declared):
 * ``resources``, ``prompts``, ``completions`` where such a server could show this principal
   something under its grants (``surface_reachable``); ``logging`` where such a server logs;
 * ``tasks`` (2025-11-25) where such a server lets tool calls become tasks: the part the gateway
-  relays (tool calls, ``list``, ``cancel`` as declared; ``tasks/relay.py``), session era only;
+  relays (tool calls, ``list``, ``cancel`` as declared; ``tasks/relay.py``); ``methods.py`` keeps it
+  only for a client that negotiated a revision with tasks (``versions.TASKS_VERSIONS``);
 * ``extensions`` (SEP-2133) that Bastion governs (``GOVERNED_EXTENSIONS``). Any other extension,
   and ``experimental`` declarations, are filtered out with one log line per server
   and name (``CapabilityRelay``), never passed through unexamined.

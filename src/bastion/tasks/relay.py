@@ -28,13 +28,22 @@ each status change, the result and a cancellation are audit entries that carry t
 call's ``call_id`` and ``execution_id`` (they join with its entries offline), written to the
 caller's chain: for the same client session, the creating call's chain.
 
-Not yet: the 2026 tasks extension (sessionless era; ``tasks/*`` there stay -32601), and
-``notifications/tasks/status`` (an upstream's are dropped, never relayed with its ids; clients
-poll). Never sends a task to an upstream that did not declare it; never shows an upstream id.
+``notifications/tasks/status`` that a server pushes on a client's own upstream session (its GET
+stream) or from its own stdio process reach that client only, under the gateway's id
+(:meth:`TaskRelay.status_notified`, found in the store per owner); a status for an id nobody there
+owns is dropped with a log line, and a terminal one settles the execution as a poll would. One
+pushed before its task is recorded, while a call is in flight, is held on the transport session
+and relayed when :meth:`TaskRelay.created` records the task.
+
+Only at a revision that has tasks (2025-11-25, ``versions.TASKS_VERSIONS``). Not yet: the 2026
+tasks extension (sessionless era; ``tasks/*`` there stay -32601), and a status sent inside a
+request's own stream (dropped there, ``upstream/relay.py``). Never sends a task to an upstream that
+did not declare it; never shows an upstream id.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -42,16 +51,18 @@ from bastion.admission.states import ExecutionState
 from bastion.audit.entry import AuditEntry, AuditEvent, digest_json
 from bastion.call_context import call_context
 from bastion.caller import Caller
-from bastion.errors import InvalidParams, OutcomeUnknown, UpstreamProtocolError
+from bastion.errors import BastionError, InvalidParams, OutcomeUnknown, UpstreamProtocolError
 from bastion.ids import EvidenceSessionId
 from bastion.metrics import CallMetrics
 from bastion.policy.decide import server_visible
 from bastion.policy.snapshot import Snapshot
+from bastion.session.state import TransportSession
 from bastion.store.base import ExecutionStep, Store
 from bastion.store.tasks import NewTask, TaskRecord, TaskStatus
 from bastion.tasks.support import TASK_PARAM
-from bastion.upstream.base import UpstreamReplied
+from bastion.upstream.base import TASK_STATUS, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
+from bastion.versions import TASKS_VERSIONS
 from bastion.wire_value import wire_problem
 
 __all__ = ["RELATED_TASK_META_KEY", "TaskRelay", "relayed_tasks_capability"]
@@ -64,8 +75,10 @@ _TERMINAL_EXECUTION: Final[dict[TaskStatus, tuple[ExecutionState, str | None]]] 
     TaskStatus.FAILED: (ExecutionState.FAILED, "task_failed"),
     TaskStatus.CANCELLED: (ExecutionState.OUTCOME_UNKNOWN, "task_cancelled"),
 }
+logger = logging.getLogger(__name__)
 _INVALID_PARAMS: Final[int] = -32602
 _LIST_PAGE: Final[int] = 100
+_HELD_STATUSES: Final[int] = 8  # per transport session: statuses pushed before their task's record
 _UPSTREAM_PAGES: Final[int] = 100  # bound on one tasks/list's pages from one upstream
 
 
@@ -110,9 +123,13 @@ class TaskRelay:
     # ------------------------------------------------------------------ creation (call.py)
 
     def relays_task(self, caller: Caller, entry: ToolEntry, params: Mapping[str, Any]) -> bool:
-        """Whether this call goes upstream as a task: asked for, in the session era, by a tool and a
-        server that take one."""
-        if caller.transport_session is None or not isinstance(params.get(TASK_PARAM), Mapping):
+        """Whether this call goes upstream as a task: asked for, at a session-era revision that has
+        tasks, by a tool and a server that take one."""
+        if (
+            caller.transport_session is None
+            or caller.protocol_version not in TASKS_VERSIONS
+            or not isinstance(params.get(TASK_PARAM), Mapping)
+        ):
             return False
         execution = entry.definition.get("execution")
         support = execution.get("taskSupport") if isinstance(execution, Mapping) else None
@@ -177,6 +194,7 @@ class TaskRelay:
         )
         if self._metrics is not None:
             self._metrics.task_created(server)
+        await self._relay_held_status(caller, server, upstream_id)
         entries = await caller.evidence.record_many(
             [
                 (
@@ -264,7 +282,81 @@ class TaskRelay:
             page["nextCursor"] = owned[-1].task_id
         return page
 
+    # ------------------------------------------------------------------ notifications/tasks/status
+
+    async def status_notified(
+        self, transport_session: TransportSession, server: str, params: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """A task status ``server`` pushed on ``transport_session``'s own upstream session or process:
+        the params its client is told (the gateway's id), or ``None`` (dropped, with a log line).
+
+        Only the owner's task maps (the store is keyed per owner, as for ``tasks/get``): an upstream
+        id nobody here owns, a task at a revision without tasks, a revoked owner, a server its grants
+        no longer name, or a status the gateway cannot read is dropped, never passed on. A status
+        that differs from the recorded one settles the task as a poll that saw it would.
+        """
+        if transport_session.protocol_version not in TASKS_VERSIONS:
+            _drop(server, "at a protocol revision without tasks")
+            return None
+        caller = Caller.of_transport_session(transport_session)
+        upstream_id = params.get("taskId")
+        if not isinstance(upstream_id, str) or _status_of(params) is None or wire_problem(params):
+            _drop(server, "that the gateway cannot read")
+            return None
+        try:
+            record = await self._task_of_upstream(caller, server, upstream_id)
+            if record is None and transport_session.in_flight:
+                # Maybe its creating call, still in flight: held for created() (a server may push a
+                # status before its CreateTaskResult is read), then looked up once more in case the
+                # creation was recorded meanwhile (whoever pops it relays it).
+                _hold(transport_session, (server, upstream_id), params)
+                record = await self._task_of_upstream(caller, server, upstream_id)
+                if record is None:
+                    _drop(server, "before its task is recorded (held while a call is in flight)")
+                    return None
+                held = transport_session.early_task_statuses or {}
+                if held.pop((server, upstream_id), None) is None:
+                    return None  # created() took it
+            upstream = self._fleet.upstreams.get(server)
+            if (
+                record is None
+                or upstream is None
+                or not server_visible(self._snapshot(), caller.principal, server, upstream.namespace)
+            ):
+                _drop(server, "for a task no client of this session owns")
+                return None
+            task = await self._observed(caller, record, params)
+        except BastionError as exc:  # a revoked owner, a store that cannot record it: the poll will say
+            _drop(server, f"that could not be recorded ({exc.reason.value})", level=logging.WARNING)
+            return None
+        meta = task.get("_meta")
+        if isinstance(meta, dict) and RELATED_TASK_META_KEY in meta:
+            task = {**task, "_meta": {**meta, RELATED_TASK_META_KEY: {"taskId": record.task_id}}}
+        return task
+
     # ------------------------------------------------------------------ steps
+
+    async def _task_of_upstream(self, caller: Caller, server: str, upstream_id: str) -> TaskRecord | None:
+        return await self._store.task_of_upstream(
+            server,
+            upstream_id,
+            agent=caller.agent,
+            agent_session_id=caller.principal.agent_session_id,
+            now=caller.evidence.now(),
+        )
+
+    async def _relay_held_status(self, caller: Caller, server: str, upstream_id: str) -> None:
+        """A status pushed before ``created`` recorded its task: relayed now, unless terminal (then
+        the creating call is still settling; a poll records it) or no longer held."""
+        transport_session = caller.transport_session
+        held = transport_session.early_task_statuses if transport_session is not None else None
+        params = held.pop((server, upstream_id), None) if held else None
+        if transport_session is None or params is None or _status_of(params) in _TERMINAL_EXECUTION:
+            return
+        relayed = await self.status_notified(transport_session, server, params)
+        channel = transport_session.upstream_sessions.channel
+        if relayed is not None and channel is not None:
+            await channel.notify(TASK_STATUS, relayed)
 
     async def _owned(self, caller: Caller, params: dict[str, Any]) -> TaskRecord:
         """The caller's task ``params.taskId`` names. Raises InvalidParams (unknown or not theirs),
@@ -415,6 +507,21 @@ class TaskRelay:
             if not isinstance(cursor, str) or not cursor:
                 break
         return found
+
+
+def _hold(transport_session: TransportSession, key: tuple[str, str], params: dict[str, Any]) -> None:
+    held = transport_session.early_task_statuses
+    if held is None:
+        held = transport_session.early_task_statuses = {}
+    held.pop(key, None)
+    held[key] = params  # the latest status of that id, newest last
+    while len(held) > _HELD_STATUSES:
+        del held[next(iter(held))]  # a hostile upstream's made-up ids push out only their own kind
+
+
+def _drop(server: str, why: str, *, level: int = logging.DEBUG) -> None:
+    # Debug by default: an upstream decides how often it sends one, so it must not flood the log.
+    logger.log(level, "upstream %s sent a task status %s; dropped", server, why, extra={"server": server})
 
 
 def _status_of(task: object) -> TaskStatus | None:

@@ -275,16 +275,7 @@ class FrontDoor:
             return
         if message.id in transport_session.in_flight:
             raise InvalidRequest("Invalid Request: this request id is already in flight on this session")
-        caller = Caller(
-            agent=principal.agent,
-            principal=transport_session.principal,
-            protocol_version=transport_session.protocol_version,
-            client_capabilities=transport_session.client_capabilities,
-            transport_session=transport_session,
-            relay=None,
-            evidence=transport_session.evidence,
-            log_level=transport_session.log_level,
-        )
+        caller = Caller.of_transport_session(transport_session)  # its agent is principal's (get checked)
         await self._answer(receive, send, caller, message, sse_allowed, cancel_on_disconnect=False)
 
     async def _post_sessionless(
@@ -503,7 +494,7 @@ class FrontDoor:
             await self._replicas.record_opened(transport_session)
         result = {
             "protocolVersion": negotiated,
-            "capabilities": self._router.capabilities_for(principal),
+            "capabilities": self._router.capabilities_for(principal, negotiated),
             "serverInfo": SERVER_INFO,
             "instructions": "Bastion gateway: one governed surface over several MCP servers.",
         }

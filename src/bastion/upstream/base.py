@@ -105,6 +105,9 @@ SURFACE_LIST_CHANGED = frozenset(
 # where a session names the client's own upstream session it came on and None a shared subscription.
 RESOURCE_UPDATED = "notifications/resources/updated"
 ResourceUpdatedCallback = Callable[[str, str, Any], None]
+# A 2025-11-25 task's status, pushed by the server that runs it (issue 24): relayed to the task's
+# owner only, under the gateway's id (``SessionChannel.task_status``, ``tasks/relay.py``).
+TASK_STATUS = "notifications/tasks/status"
 
 
 class SessionChannel(Protocol):
@@ -125,6 +128,10 @@ class SessionChannel(Protocol):
 
     async def tools_changed(self, server: str) -> None:
         """``server``'s tools changed on this client's own upstream session: its view is stale, tell it."""
+
+    async def task_status(self, server: str, params: dict[str, Any]) -> None:
+        """``server`` pushed a task's status: delivered under the gateway's id if the task is this
+        client's, else dropped (logged); a terminal status settles the task's execution."""
 
 
 class UpstreamSessions:

@@ -23,6 +23,7 @@ from bastion.policy.snapshot import ServerSpec
 from bastion.upstream.base import (
     RESOURCE_UPDATED,
     SURFACE_LIST_CHANGED,
+    TASK_STATUS,
     ListChangedCallback,
     ResourceUpdatedCallback,
     UpstreamReplied,
@@ -181,6 +182,9 @@ class UpstreamListening:
             for relay in upstream_session.relays:
                 if relay.upstream_token is not None and relay.upstream_token == token:
                     await relay.on_notification(method, params)
+        elif method == TASK_STATUS:
+            if upstream_session.channel is not None:
+                await upstream_session.channel.task_status(upstream.name, params)
         elif method == "notifications/message":
             live = self.live_relay(upstream_session)
             if live is not None:

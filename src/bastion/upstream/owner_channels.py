@@ -51,6 +51,14 @@ class OwnerChannels:
         for channel in self._channels():
             await channel.tools_changed(server)
 
+    async def task_status(self, server: str, params: dict[str, Any]) -> None:
+        # Each session of the owner maps it (the store is keyed per owner); the first settles it.
+        channels = self._channels()
+        if not channels:
+            self._drop("notifications/tasks/status")
+        for channel in channels:
+            await channel.task_status(server, params)
+
     def can_answer(self, method: str) -> bool:
         return any(channel.can_answer(method) for channel in self._channels())
 

@@ -54,6 +54,7 @@ from bastion.policy.snapshot import ServerSpec
 from bastion.upstream.base import (
     RESOURCE_UPDATED,
     SURFACE_LIST_CHANGED,
+    TASK_STATUS,
     CallContext,
     ClientDeclined,
     ListChangedCallback,
@@ -499,6 +500,12 @@ class StdioProcess:
                 if pending.relay.upstream_token is not None and pending.relay.upstream_token == token:
                     self._offer(pending, method, params, size)
                     return
+            return
+        if method == TASK_STATUS:
+            if self.owner_ref is not None and self.channel is not None:
+                await self.channel.task_status(self.name, params)  # in order: store writes, no upstream call
+            else:
+                logger.debug("upstream %s: a task status from a process without an owner; dropped", self.name)
             return
         if method == "notifications/message":
             only = self._only_caller()

@@ -247,3 +247,26 @@ async def test_one_execution_id_under_two_agents_is_two_executions_each_with_its
     )
     with pytest.raises(Conflict):
         await new_task(store, bob, agent=BOB, upstream="up-3")  # bob's own replay of exec-1
+
+
+async def test_the_task_an_upstream_id_names_is_found_by_its_owner_only(store: Store) -> None:
+    """A server's upstream task id finds the owner's task; another owner, another server, or an id
+    nobody recorded get ``None``; a revoked owner is refused."""
+    owner, bob = await agent_session(store), await agent_session(store, BOB)
+    task = await new_task(store, owner)
+    assert await store.task_of_upstream("tasks", "up-1", agent=ADA, agent_session_id=owner, now=NOW) == task
+    wrapped = FaultyStore(store, fail_at="append_entry")
+    assert await wrapped.task_of_upstream("tasks", "up-1", agent=ADA, agent_session_id=owner, now=NOW) == task
+    for server, upstream, agent, session in (
+        ("tasks", "up-1", BOB, bob),
+        ("tasks", "up-1", ADA, None),
+        ("other", "up-1", ADA, owner),
+        ("tasks", "up-2", ADA, owner),
+    ):
+        assert (
+            await store.task_of_upstream(server, upstream, agent=agent, agent_session_id=session, now=NOW)
+            is None
+        )
+    await store.revoke_agent_session(owner, by="admin", reason="test", now=later(1))
+    with pytest.raises(AgentSessionRevoked):
+        await store.task_of_upstream("tasks", "up-1", agent=ADA, agent_session_id=owner, now=later(2))

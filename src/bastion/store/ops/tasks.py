@@ -84,6 +84,17 @@ def task_of_execution(
     return None if row is None else task_from_row(row)
 
 
+def task_of_upstream(
+    server: str, upstream_task_id: str, agent: AgentId, agent_session_id: str | None, now: datetime
+) -> Op[TaskRecord | None]:
+    yield from _owner_may_act(agent_session_id, now, "")
+    row = yield from one(
+        SELECT_TASK + _OWNED + " AND server = ? AND upstream_task_id = ?",
+        agent, agent_session_id, server, upstream_task_id,
+    )  # fmt: skip
+    return None if row is None else task_from_row(row)
+
+
 def set_task_status(
     task_id: str,
     status: TaskStatus,
