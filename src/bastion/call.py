@@ -73,7 +73,7 @@ from bastion.store.base import ExecutionStep, Store
 from bastion.store.health import StoreHealth
 from bastion.surface.limits import SurfaceLimits
 from bastion.tasks.relay import TaskRelay
-from bastion.tasks.support import TASK_PARAM, check_runs_without_task
+from bastion.tasks.support import TASK_PARAM
 from bastion.tracing import NO_SPAN as _NO_SPAN
 from bastion.tracing import child_span, inject_meta, record_contents, set_outcome
 from bastion.upstream.base import UpstreamReplied
@@ -379,8 +379,8 @@ class ToolCallPath:
         # (tasks/relay.py); otherwise a tool that runs only as a task is refused by name, never
         # sent to fail upstream (tasks/support.py). After the grant decision: a hidden tool stays unknown.
         as_task = self.tasks.relays_task(caller, entry, params)
-        if not as_task:
-            check_runs_without_task(entry.definition, name)
+        if as_task is None:
+            self.tasks.check_runs_without_task(entry, name)
         assert not (decision.require_execution_id and attempt.envelope.execution_id is None)
         attempt.binding, attempt.args_digest = bind_call(entry.server, entry.upstream_name, arguments)
         # A requestState continues only the call it was issued for: this agent, server, tool and
@@ -454,7 +454,11 @@ class ToolCallPath:
             except (ExecutionInFlight, ExecutionReplay):
                 # The replay of an execution that created a task is that task, never a second one.
                 task = await self.tasks.task_of_execution(caller, execution_id) if as_task else None
-                replayed = await self.tasks.replayed(caller, task) if task is not None else None
+                replayed = (
+                    await self.tasks.replayed(caller, task, as_task)
+                    if task is not None and as_task is not None
+                    else None
+                )
                 if replayed is None:
                     raise
                 attempt.outcome, attempt.outcome_reason = "task_replayed", None
@@ -472,8 +476,8 @@ class ToolCallPath:
         async def send() -> dict[str, Any]:
             ctx = call_context(caller, snapshot, entry.server, params)
             request = self._upstream_params(entry, params, arguments)
-            if as_task:
-                request[TASK_PARAM] = self.tasks.task_param(params)
+            if as_task is not None:
+                request = self.tasks.task_request(as_task, params, request)
             if upstream_state is not None:
                 request["requestState"] = upstream_state
             sent_at = time.perf_counter()
@@ -507,12 +511,14 @@ class ToolCallPath:
         async def task_created(result: dict[str, Any]) -> dict[str, Any]:
             # Not an outcome: the execution stays invoking until the task ends (tasks/relay.py).
             await self._record_pending(scope, attempt)  # the chain holds the admitted entry first
+            assert as_task is not None  # on_task is given only for a call relayed as a task
             answer, last = await self.tasks.created(
                 caller,
                 entry.server,
                 result,
                 attempt.fields(),
                 attempt.last.session_id if attempt.last else None,
+                as_task,
             )
             attempt.last = last or attempt.last
             attempt.outcome, attempt.outcome_reason = "task_created", None
@@ -523,7 +529,10 @@ class ToolCallPath:
         attempt.sent = True
         try:
             result = await send_and_settle(
-                send, finish, on_input_required=await_input, on_task=task_created if as_task else None
+                send,
+                finish,
+                on_input_required=await_input,
+                on_task=task_created if as_task is not None else None,
             )
         except UpstreamReplied as exc:
             with child_span(self._tracing, "bastion.answer"):

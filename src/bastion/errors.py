@@ -12,6 +12,7 @@
     │  ├─ ProtocolVersionMismatch (400)   HeaderMismatch (-32020, 400)   DuplicateHeader (400)
     │  ├─ UnsupportedProtocolVersion (-32022, 400)
     │  ├─ MethodNotAllowed (405)   TooManySessions (503)   WorkerSuperseded (503)
+    │  ├─ MissingClientCapability (-32021, 400: a method of an extension the request did not negotiate)
     │  ├─ AgentRequestLimit (429: one agent's requests in progress at its cap)
 │  ├─ SessionStoreUnavailable (503)
     │  └─ Unauthenticated (401)   AgentSessionExpired (401)   AgentSessionRevoked (401)
@@ -23,6 +24,7 @@
     │  ├─ AttachmentUnproven: NamespaceNotConnected, NamespaceNotAttached, AttachmentContradictory
     │  ├─ ExecutionCollision   ExecutionInFlight   ExecutionReplay(earlier_outcome)   ExecutionIdRequired
     │  ├─ TaskRequired (-32080: the upstream insists on a task, which is not relayed; issue 24)
+    │  │  └─ TaskExtensionRequired (-32021: the same, where the server speaks the tasks extension)
     │  └─ ApprovalRefused (issue 27): ApprovalDenied (-32090)   ApprovalTimeout (-32091)
     │     ApprovalCancelled (-32092)   ApprovalMismatch (-32093: another binding's approval)
     │  └─ DefinitionChanged (-32085: the upstream changed this definition; withheld until approved, #27)
@@ -78,6 +80,7 @@ __all__ = [
     "LastEventIdUnknown",
     "MethodNotAllowed",
     "MethodNotFound",
+    "MissingClientCapability",
     "NamespaceNotAttached",
     "NamespaceNotConnected",
     "NotAcceptable",
@@ -96,6 +99,7 @@ __all__ = [
     "StoreError",
     "StoreForeign",
     "StoreMissing",
+    "TaskExtensionRequired",
     "TaskRequired",
     "TooManySessions",
     "Unauthenticated",
@@ -133,6 +137,7 @@ class Reason(enum.StrEnum):
     PROTOCOL_VERSION_MISMATCH = "protocol_version_mismatch"
     UNSUPPORTED_PROTOCOL_VERSION = "unsupported_protocol_version"
     HEADER_MISMATCH = "header_mismatch"
+    MISSING_CLIENT_CAPABILITY = "missing_client_capability"
     DUPLICATE_HEADER = "duplicate_header"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     TOO_MANY_SESSIONS = "too_many_sessions"
@@ -314,6 +319,14 @@ class HeaderMismatch(RequestRejected):
     reason = Reason.HEADER_MISMATCH
     jsonrpc_code = -32020
     default_message = "Header does not match the request body"
+
+
+class MissingClientCapability(RequestRejected):
+    """A method of an extension the request did not negotiate (SEP-2575: ``data.requiredCapabilities``)."""
+
+    reason = Reason.MISSING_CLIENT_CAPABILITY
+    jsonrpc_code = -32021
+    default_message = "Missing required client capability"
 
 
 class DuplicateHeader(RequestRejected):
@@ -516,6 +529,13 @@ class TaskRequired(CallRefused):
     reason = Reason.TASK_REQUIRED
     jsonrpc_code = -32080
     default_message = "This tool runs only as a task, and this call cannot be relayed as one"
+
+
+class TaskExtensionRequired(TaskRequired):
+    """A tool that runs only as a task, for a request that did not negotiate the tasks extension its
+    server speaks: -32021 with ``data.requiredCapabilities``, the answer the server itself gives."""
+
+    jsonrpc_code = -32021
 
 
 class DefinitionChanged(CallRefused):

@@ -25,7 +25,7 @@ from bastion.auth.principal import Principal
 from bastion.call import ToolCallPath
 from bastion.call_telemetry import CallTelemetry
 from bastion.caller import Caller
-from bastion.errors import InvalidParams, MethodNotFound
+from bastion.errors import InvalidParams, MethodNotFound, MissingClientCapability
 from bastion.policy.decide import visible_tools
 from bastion.policy.snapshot import Snapshot
 from bastion.session.listeners import ListenerHub, honored_filter
@@ -37,6 +37,7 @@ from bastion.surface.prompts import PromptPath
 from bastion.surface.resources import ResourcePath
 from bastion.surface.subscribe import SubscribePath
 from bastion.surface.subscriptions import ResourceSubscriptions
+from bastion.tasks.support import TASKS_EXTENSION, asks_extension
 from bastion.upstream.fleet import UpstreamFleet
 from bastion.versions import SUPPORTED_VERSIONS, TASKS_VERSIONS
 
@@ -50,8 +51,9 @@ REMOVED_AT_MODERN: frozenset[str] = frozenset(
     {"ping", "initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"}
 )
 MODERN_ONLY: frozenset[str] = frozenset({"server/discover", "subscriptions/listen"})
-# The 2025-11-25 task methods (tasks/relay.py, issue 24); the 2026 tasks extension is not relayed yet.
+# The 2025-11-25 task methods, and the 2026 tasks extension's (tasks/relay.py, issue 24).
 SESSION_ERA_TASKS: frozenset[str] = frozenset({"tasks/get", "tasks/result", "tasks/list", "tasks/cancel"})
+EXTENSION_TASKS: frozenset[str] = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 SUBSCRIPTION_ID_META_KEY = "io.modelcontextprotocol/subscriptionId"
 _LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
@@ -87,7 +89,9 @@ Handler = Callable[[Caller, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 #: Governed requests besides tools/call that call_telemetry.py counts and logs (tools/call: call.py);
 #: the task methods too (issue 24).
-_OBSERVED = frozenset({"resources/read", "prompts/get", "completion/complete"}) | SESSION_ERA_TASKS
+_OBSERVED = (
+    frozenset({"resources/read", "prompts/get", "completion/complete"}) | SESSION_ERA_TASKS | EXTENSION_TASKS
+)
 
 
 class MethodRouter:
@@ -134,6 +138,12 @@ class MethodRouter:
             "tasks/list": call_path.tasks.list_tasks,
             "tasks/cancel": call_path.tasks.cancel,
         }
+        tasks = call_path.tasks
+        self._extension_handlers: dict[str, Handler] = {
+            "tasks/get": tasks.get_detailed,
+            "tasks/update": tasks.update,
+            "tasks/cancel": tasks.cancel_requested,
+        }
 
     def capabilities_for(self, principal: Principal, protocol_version: str) -> dict[str, Any]:
         """What this principal is told the gateway offers at ``protocol_version`` (resources etc. only
@@ -153,24 +163,53 @@ class MethodRouter:
             BastionError: whatever the handler refuses with.
         """
         sessionless = caller.transport_session is None
-        if sessionless and (method in REMOVED_AT_MODERN or method in SESSION_ERA_TASKS):
+        if method in SESSION_ERA_TASKS or method in EXTENSION_TASKS:
+            handler = self._task_handler(caller, method, params)
+        elif sessionless and method in REMOVED_AT_MODERN:
             raise MethodNotFound(
                 f"Method not found: {method} does not exist at protocol version {caller.protocol_version}",
                 method=method,
             )
-        if method == "subscriptions/listen" and sessionless:
+        elif method == "subscriptions/listen" and sessionless:
             return await self._listen(caller, params, request_id)
-        handler = self._handlers.get(method)
-        if handler is None or (not sessionless and method in MODERN_ONLY):
-            raise MethodNotFound(f"Method not found: {method}", method=method)
-        if method in SESSION_ERA_TASKS and "tasks" not in self.capabilities_for(
-            caller.principal, caller.protocol_version
-        ):
-            # No server this principal sees offers tasks, or the revision has none: not served.
-            raise MethodNotFound(f"Method not found: {method}", method=method)
+        else:
+            found = self._handlers.get(method)
+            if found is None or (not sessionless and method in MODERN_ONLY):
+                raise MethodNotFound(f"Method not found: {method}", method=method)
+            handler = found
         if self._telemetry is not None and method in _OBSERVED:
             return await self._telemetry.request(method, str(caller.agent), lambda: handler(caller, params))
         return await handler(caller, params)
+
+    def _task_handler(self, caller: Caller, method: str, params: dict[str, Any]) -> Handler:
+        """Which wire's ``tasks/*`` answers (``tasks/relay.py``): the extension's for a request that
+        negotiated it, else the 2025-11-25 revision's for a session that has them.
+
+        Raises:
+            MethodNotFound: no server this principal sees offers that wire's method (or the era has
+                none: sessionless ``tasks/result`` and ``tasks/list``), as from a server without it.
+            MissingClientCapability: the extension's method, from a request that did not negotiate
+                the extension (-32021, as the server itself answers).
+        """
+        offered = self.capabilities_for(caller.principal, caller.protocol_version)
+        extension = TASKS_EXTENSION in (offered.get("extensions") or {})
+        if extension and method in EXTENSION_TASKS:
+            if asks_extension(caller.client_capabilities, params):
+                return self._extension_handlers[method]
+            if caller.transport_session is None or method == "tasks/update" or "tasks" not in offered:
+                raise MissingClientCapability(
+                    f"{method} needs the {TASKS_EXTENSION} extension, which this request did not negotiate",
+                    requiredCapabilities={"extensions": {TASKS_EXTENSION: {}}},
+                )
+        if caller.transport_session is not None and method in SESSION_ERA_TASKS and "tasks" in offered:
+            return self._handlers[method]
+        if caller.transport_session is None:
+            raise MethodNotFound(
+                f"Method not found: {method} does not exist at protocol version {caller.protocol_version}",
+                method=method,
+            )
+        # No server this principal sees offers tasks, or the revision has none: not served.
+        raise MethodNotFound(f"Method not found: {method}", method=method)
 
     async def _ping(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         return {}

@@ -112,7 +112,7 @@ def _result_problem(result: Any, *, task_asked: bool) -> str | None:
         return "not_an_object"
     if "_meta" in result and not isinstance(result["_meta"], dict):
         return "meta_not_an_object"
-    if is_task_result(result) and not (task_asked and result.get("resultType") != "task"):
+    if is_task_result(result) and not task_asked:
         # A task nobody asked for cannot be owned or collected here (tasks/support.py, issue 24).
         return "unrequested_task"
     return wire_problem(result)

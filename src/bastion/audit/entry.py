@@ -69,6 +69,7 @@ class AuditEvent(enum.StrEnum):
     TASK_STATUS = "task_status"
     TASK_RESULT = "task_result"
     TASK_CANCEL = "task_cancel"
+    TASK_UPDATE = "task_update"  # the tasks extension's inputResponses delivered (by digest)
 
 
 class Decision(enum.StrEnum):

@@ -10,7 +10,8 @@ this principal names (all of them when no grants are declared):
 * ``tasks`` (2025-11-25) where such a server lets tool calls become tasks: the part the gateway
   relays (tool calls, ``list``, ``cancel`` as declared; ``tasks/relay.py``); ``methods.py`` keeps it
   only for a client that negotiated a revision with tasks (``versions.TASKS_VERSIONS``);
-* ``extensions`` (SEP-2133) that Bastion governs (``GOVERNED_EXTENSIONS``). Any other extension,
+* ``extensions`` (SEP-2133) that Bastion governs (``GOVERNED_EXTENSIONS``: MCP Apps, and the 2026
+  tasks extension, relayed by ``tasks/relay.py``). Any other extension,
   and ``experimental`` declarations, are filtered out with one log line per server
   and name (``CapabilityRelay``), never passed through unexamined.
 
@@ -33,6 +34,7 @@ from bastion.auth.principal import Principal
 from bastion.policy.decide import SurfaceKind, server_visible, surface_reachable
 from bastion.policy.snapshot import Snapshot
 from bastion.tasks.relay import relayed_tasks_capability
+from bastion.tasks.support import TASKS_EXTENSION
 from bastion.upstream.fleet import UpstreamFleet
 
 __all__ = ["GOVERNED_EXTENSIONS", "CapabilityRelay", "surface_capabilities"]
@@ -44,6 +46,9 @@ GOVERNED_EXTENSIONS: Final[Mapping[str, str]] = {
     # MCP Apps: a tool's _meta.ui.resourceUri names a ui:// resource, read with resources/read
     # under the principal's resource grants; the extension adds no request method.
     "io.modelcontextprotocol/ui": "tools and ui:// resources, under tool and resource grants",
+    # Tasks (SEP-2663): a call that becomes a task is admitted and audited as a call; tasks/get,
+    # tasks/update and tasks/cancel reach only the owner's task at its server (tasks/relay.py).
+    TASKS_EXTENSION: "tool calls that become tasks, and the owner's tasks/get, update and cancel",
 }
 # Declarations no grant governs yet: relayed never, reported once.
 _UNGOVERNED_KEYS: Final[tuple[str, ...]] = ("experimental",)

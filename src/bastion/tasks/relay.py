@@ -35,14 +35,27 @@ owns is dropped with a log line, and a terminal one settles the execution as a p
 pushed before its task is recorded, while a call is in flight, is held on the transport session
 and relayed when :meth:`TaskRelay.created` records the task.
 
-Only at a revision that has tasks (2025-11-25, ``versions.TASKS_VERSIONS``). Not yet: the 2026
-tasks extension (sessionless era; ``tasks/*`` there stay -32601), and a status sent inside a
-request's own stream (dropped there, ``upstream/relay.py``). Never sends a task to an upstream that
-did not declare it; never shows an upstream id.
+Two wires (:class:`TaskWire`). ``AUGMENTED``: the 2025-11-25 revision's (``params.task``, a
+``CreateTaskResult`` holding ``task``, ``tasks/result`` and ``tasks/list``), for a session-era
+client at a revision that has tasks (``versions.TASKS_VERSIONS``). ``EXTENSION``: the 2026 tasks
+extension (SEP-2663, ``io.modelcontextprotocol/tasks``), in either client era, for a request that
+negotiated it (its ``_meta`` client capabilities, or its session's) and a server that declares
+it. There the server decides: the gateway negotiates the extension upstream for that one request
+(``support.extension_opt_in``), never for a session, so an upstream makes tasks only of calls the
+gateway records. The ``CreateTaskResult`` is flat (``resultType: "task"``); ``tasks/get`` answers a
+detailed task with the result, error or ``inputRequests`` inlined (the inlined outcome's digest
+is in the entry that settles it); ``tasks/update`` delivers ``inputResponses`` (audited as
+``task_update``, by digest) and ``tasks/cancel`` asks; both are acknowledged with an empty
+complete result. ``tasks/result`` and ``tasks/list`` do not exist there (``methods.py``).
+
+Not yet: a status sent inside a request's own stream (dropped there, ``upstream/relay.py``) and the
+extension's optional ``notifications/tasks`` on a listen stream. Never sends a task to an upstream
+that did not declare it; never shows an upstream id.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -59,13 +72,20 @@ from bastion.policy.snapshot import Snapshot
 from bastion.session.state import TransportSession
 from bastion.store.base import ExecutionStep, Store
 from bastion.store.tasks import NewTask, TaskRecord, TaskStatus
-from bastion.tasks.support import TASK_PARAM
+from bastion.tasks.support import (
+    TASK_PARAM,
+    asks_extension,
+    check_runs_without_task,
+    declares_extension,
+    extension_opt_in,
+    task_support,
+)
 from bastion.upstream.base import TASK_STATUS, UpstreamReplied
 from bastion.upstream.fleet import ToolEntry, UpstreamFleet
 from bastion.versions import TASKS_VERSIONS
 from bastion.wire_value import wire_problem
 
-__all__ = ["RELATED_TASK_META_KEY", "TaskRelay", "relayed_tasks_capability"]
+__all__ = ["RELATED_TASK_META_KEY", "TaskRelay", "TaskWire", "relayed_tasks_capability"]
 
 RELATED_TASK_META_KEY: Final[str] = "io.modelcontextprotocol/related-task"
 # What the gateway relays of a server's ``tasks`` capability: its tool calls, listing, cancelling.
@@ -80,6 +100,17 @@ _INVALID_PARAMS: Final[int] = -32602
 _LIST_PAGE: Final[int] = 100
 _HELD_STATUSES: Final[int] = 8  # per transport session: statuses pushed before their task's record
 _UPSTREAM_PAGES: Final[int] = 100  # bound on one tasks/list's pages from one upstream
+# The extension's acknowledgement of tasks/update and tasks/cancel: no task envelope.
+_ACK: Final[dict[str, Any]] = {"resultType": "complete"}
+# What a CreateTaskResult of the extension never carries (they live on tasks/get).
+_NOT_ON_CREATION: Final[tuple[str, ...]] = ("result", "error", "inputRequests", "requestState")
+
+
+class TaskWire(enum.Enum):
+    """Which tasks a call is relayed as (module docstring)."""
+
+    AUGMENTED = "2025-11-25"
+    EXTENSION = "io.modelcontextprotocol/tasks"
 
 
 def relayed_tasks_capability(declared: object) -> dict[str, Any] | None:
@@ -122,21 +153,41 @@ class TaskRelay:
 
     # ------------------------------------------------------------------ creation (call.py)
 
-    def relays_task(self, caller: Caller, entry: ToolEntry, params: Mapping[str, Any]) -> bool:
-        """Whether this call goes upstream as a task: asked for, at a session-era revision that has
-        tasks, by a tool and a server that take one."""
+    def relays_task(self, caller: Caller, entry: ToolEntry, params: Mapping[str, Any]) -> TaskWire | None:
+        """How this call goes upstream as a task, or ``None`` (a plain call): by a tool and a server
+        that take one, for a request that negotiated the extension, or asked for a task at a
+        session-era revision that has them."""
+        if task_support(entry.definition) not in ("optional", "required"):
+            return None
+        if asks_extension(caller.client_capabilities, params) and self.speaks_extension(entry.server):
+            return TaskWire.EXTENSION
         if (
             caller.transport_session is None
             or caller.protocol_version not in TASKS_VERSIONS
             or not isinstance(params.get(TASK_PARAM), Mapping)
         ):
-            return False
-        execution = entry.definition.get("execution")
-        support = execution.get("taskSupport") if isinstance(execution, Mapping) else None
-        if support not in ("optional", "required"):
-            return False
+            return None
         declared = getattr(self._fleet.upstreams[entry.server], "server_capabilities", None)
-        return relayed_tasks_capability(declared) is not None
+        return TaskWire.AUGMENTED if relayed_tasks_capability(declared) is not None else None
+
+    def speaks_extension(self, server: str) -> bool:
+        """Whether ``server`` declares the tasks extension (at its handshake or discovery)."""
+        upstream = self._fleet.upstreams.get(server)
+        return upstream is not None and declares_extension(
+            getattr(upstream, "server_capabilities", None), getattr(upstream, "discovered_capabilities", None)
+        )
+
+    def check_runs_without_task(self, entry: ToolEntry, tool: str) -> None:
+        """A call not relayed as a task: refused when its tool runs only as one (``support.py``)."""
+        check_runs_without_task(entry.definition, tool, extension=self.speaks_extension(entry.server))
+
+    def task_request(
+        self, wire: TaskWire, params: Mapping[str, Any], request: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``request`` (the upstream's ``tools/call``) asking for a task the way ``wire`` does."""
+        if wire is TaskWire.EXTENSION:
+            return extension_opt_in(request)
+        return {**request, TASK_PARAM: self.task_param(params)}
 
     @staticmethod
     def task_param(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -152,6 +203,7 @@ class TaskRelay:
         result: dict[str, Any],
         fields: dict[str, Any],
         evidence_session_id: str | None,
+        wire: TaskWire = TaskWire.AUGMENTED,
     ) -> tuple[dict[str, Any], AuditEntry | None]:
         """Own the task ``result`` names and audit its creation; the result with the gateway's id,
         and the entry that records the creation.
@@ -160,7 +212,10 @@ class TaskRelay:
             UpstreamProtocolError: the task is malformed (``problem`` ``task_malformed``).
             Conflict: the execution already has a task, or the upstream reused a task id.
         """
-        task = result.get("task")
+        flat = result.get("resultType") == "task"  # the extension's: the task's fields at the top
+        task = result if flat else result.get("task")
+        if flat is not (wire is TaskWire.EXTENSION):
+            task = None  # the other wire's task: nothing the client asked for could read it
         upstream_id = task.get("taskId") if isinstance(task, Mapping) else None
         status = _status_of(task)
         if (
@@ -203,16 +258,25 @@ class TaskRelay:
                 )
             ]
         )
-        return {**result, "task": {**task, "taskId": record.task_id}}, (entries[-1] if entries else None)
+        last = entries[-1] if entries else None
+        if flat:
+            shown = {k: v for k, v in result.items() if k not in _NOT_ON_CREATION}
+            return {**shown, "taskId": record.task_id}, last
+        return {**result, "task": {**task, "taskId": record.task_id}}, last
 
-    async def replayed(self, caller: Caller, record: TaskRecord) -> dict[str, Any] | None:
-        """A replay of the execution that created ``record``: the same task, as its upstream shows it;
-        ``None`` for a finished task its upstream no longer knows (the replay refusal then stands).
+    async def replayed(self, caller: Caller, record: TaskRecord, wire: TaskWire) -> dict[str, Any] | None:
+        """A replay of the execution that created ``record``: the same task, as its upstream shows it
+        (a ``CreateTaskResult`` of ``wire``); ``None`` for a finished task its upstream no longer
+        knows (the replay refusal then stands).
 
         Raises ``OutcomeUnknown`` when the upstream lost the task while it was live (recorded).
         """
+        extension = wire is TaskWire.EXTENSION
         try:
-            return {"task": await self._poll(caller, record)}
+            task = await self._poll(caller, record, extension=extension)
+            if extension:
+                return {**{k: v for k, v in task.items() if k not in _NOT_ON_CREATION}, "resultType": "task"}
+            return {"task": task}
         except UpstreamReplied:
             if record.terminal:
                 return None
@@ -230,6 +294,33 @@ class TaskRelay:
 
     async def get(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         return await self._poll(caller, await self._owned(caller, params))
+
+    async def get_detailed(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+        """The extension's ``tasks/get``: the task with its outcome or input requests inlined."""
+        return await self._poll(caller, await self._owned(caller, params), extension=True)
+
+    async def update(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+        """The extension's ``tasks/update``: the client's ``inputResponses`` to its task's server."""
+        record = await self._owned(caller, params)
+        responses = params.get("inputResponses")
+        if not isinstance(responses, dict):
+            raise InvalidParams("Invalid params: tasks/update needs an inputResponses object")
+        await self._ask(caller, record, "tasks/update", extension=True, extra={"inputResponses": responses})
+        detail = {"responses": len(responses), "responses_digest": digest_json(responses)}
+        await self._audit(caller, record, AuditEvent.TASK_UPDATE, outcome=None, detail=detail)
+        return dict(_ACK)
+
+    async def cancel_requested(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+        """The extension's ``tasks/cancel``: asked of the server, acknowledged; the next
+        ``tasks/get`` shows what became of the task."""
+        record = await self._owned(caller, params)
+        try:
+            await self._ask(caller, record, "tasks/cancel", extension=True)
+        except UpstreamReplied:
+            await self._audit(caller, record, AuditEvent.TASK_CANCEL, outcome="refused")
+            raise
+        await self._audit(caller, record, AuditEvent.TASK_CANCEL, outcome="requested")
+        return dict(_ACK)
 
     async def result(self, caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
         record = await self._owned(caller, params)
@@ -381,15 +472,25 @@ class TaskRelay:
         return record
 
     async def _ask(
-        self, caller: Caller, record: TaskRecord, method: str, *, on_unknown: bool = False
+        self,
+        caller: Caller,
+        record: TaskRecord,
+        method: str,
+        *,
+        on_unknown: bool = False,
+        extension: bool = False,
+        extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """``method`` for ``record`` at its server, on the caller's own upstream session or process.
+        """``method`` for ``record`` at its server, on the caller's own upstream session or process
+        (``extension``: negotiating the tasks extension for this request).
 
         Raises ``UpstreamReplied`` as the upstream answered; with ``on_unknown``, ``OutcomeUnknown``
         when a task still live in the store is unknown upstream (its fate is lost, recorded here).
         """
         snapshot = self._snapshot()
-        request = {"taskId": record.upstream_task_id}
+        request: dict[str, Any] = {"taskId": record.upstream_task_id, **(extra or {})}
+        if extension:
+            request = extension_opt_in(request)
         ctx = call_context(caller, snapshot, record.server, request)
         try:
             answer = await self._fleet.upstreams[record.server].call(method, request, ctx)
@@ -409,9 +510,9 @@ class TaskRelay:
             "The task's upstream no longer knows it: its outcome is unknown", task_id=record.task_id
         )
 
-    async def _poll(self, caller: Caller, record: TaskRecord) -> dict[str, Any]:
+    async def _poll(self, caller: Caller, record: TaskRecord, *, extension: bool = False) -> dict[str, Any]:
         return await self._observed(
-            caller, record, await self._ask(caller, record, "tasks/get", on_unknown=True)
+            caller, record, await self._ask(caller, record, "tasks/get", on_unknown=True, extension=extension)
         )
 
     async def _observed(self, caller: Caller, record: TaskRecord, task: Mapping[str, Any]) -> dict[str, Any]:
@@ -424,11 +525,17 @@ class TaskRelay:
                 problem="task_malformed",
             )
         if status is not record.status:
-            await self._settle(caller, record, status)
+            await self._settle(caller, record, status, outcome=_inlined_outcome(task))
         return {**task, "taskId": record.task_id}
 
     async def _settle(
-        self, caller: Caller, record: TaskRecord, status: TaskStatus, *, lost: bool = False
+        self,
+        caller: Caller,
+        record: TaskRecord,
+        status: TaskStatus,
+        *,
+        lost: bool = False,
+        outcome: Any = None,
     ) -> None:
         """Record ``status``; the one request that moves the task to it audits the change and, at a
         terminal status, moves the execution to its terminal state in the same write."""
@@ -454,7 +561,9 @@ class TaskRelay:
             execution = await self._store.get_execution(caller.agent, record.execution_id)
             if execution is not None and execution.state is ExecutionState.INVOKING:
                 step = ExecutionStep(caller.agent, record.execution_id, state)
-        detail = {"task_status": status.value}
+        detail: dict[str, Any] = {"task_status": status.value}
+        if outcome is not None:  # the extension inlines the result (or error) on the terminal poll
+            detail["result_digest"] = digest_json(outcome)
         await self._audit(
             caller,
             record,
@@ -530,6 +639,14 @@ def _status_of(task: object) -> TaskStatus | None:
         return TaskStatus(status) if isinstance(status, str) else None
     except ValueError:
         return None
+
+
+def _inlined_outcome(task: Mapping[str, Any]) -> Any:
+    """The result or error a detailed task (the extension's ``tasks/get``) inlines, or ``None``."""
+    for key in ("result", "error"):
+        if isinstance(task.get(key), Mapping):
+            return task[key]
+    return None
 
 
 def _status_value(task: Mapping[str, Any]) -> str | None:

@@ -3,8 +3,10 @@
 A :class:`ResponseChannel` belongs to exactly one HTTP request. It answers
 ``application/json`` when the final message is ready before anything else
 has to be sent, and commits to ``text/event-stream`` the moment a
-notification or a server-to-client request for this request must go first.
-Nothing else can write to it.
+notification or a server-to-client request for this request must go first,
+or at once for a client whose ``Accept`` ranks the stream first (``prefer_sse``:
+``wire.prefers_sse``; a result with another HTTP status than 200 stays JSON, since a
+stream's status is 200). Nothing else can write to it.
 
 In the session era an SSE answer is also an :class:`~bastion.session.replay.EventStream`
 of its session: each event is numbered and kept, so a client that loses the
@@ -55,9 +57,11 @@ class ResponseChannel:
         headers: Mapping[str, str] | None = None,
         open_stream: Callable[[], EventStream] | None = None,
         priming: bool = False,
+        prefer_sse: bool = False,
     ) -> None:
         self._send = send
         self.sse_allowed = sse_allowed
+        self._prefer_sse = prefer_sse and sse_allowed
         self._headers = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
         self._lock = anyio.Lock(fast_acquire=True)  # uncontended: no loop turn per answer
         self.committed_sse = False
@@ -112,6 +116,8 @@ class ResponseChannel:
             self.finished = True
             body = dumps(message)
             try:
+                if self._prefer_sse and not self.committed_sse and status == 200:
+                    await self._commit_sse(None)
                 if self.committed_sse:
                     frame = self._frame(body)
                     if self._stream is not None:

@@ -57,6 +57,7 @@ from bastion.methods import SERVER_INFO, MethodRouter, for_sessionless_wire
 from bastion.policy.snapshot import Snapshot
 from bastion.session.registry import SessionRegistry
 from bastion.session.state import InFlightCall, TransportSession
+from bastion.tasks.support import task_name_mismatch
 from bastion.transport.agent_limits import AgentRequests
 from bastion.transport.channel import ResponseChannel
 from bastion.transport.cors import CorsSend, preflight
@@ -77,7 +78,7 @@ from bastion.transport.relay import StreamRelay
 from bastion.transport.resume import serve_event_stream
 from bastion.transport.single_headers import check_single_headers
 from bastion.transport.sse_out import primes
-from bastion.transport.wire import accepted, disconnect_cancels, meta_of, read_body, reject
+from bastion.transport.wire import accepted, disconnect_cancels, meta_of, prefers_sse, read_body, reject
 from bastion.upstream.base import UpstreamReplied
 from bastion.versions import (
     HANDSHAKE_VERSIONS,
@@ -276,7 +277,10 @@ class FrontDoor:
         if message.id in transport_session.in_flight:
             raise InvalidRequest("Invalid Request: this request id is already in flight on this session")
         caller = Caller.of_transport_session(transport_session)  # its agent is principal's (get checked)
-        await self._answer(receive, send, caller, message, sse_allowed, cancel_on_disconnect=False)
+        prefer_sse = prefers_sse(accept)
+        await self._answer(
+            receive, send, caller, message, sse_allowed, cancel_on_disconnect=False, prefer_sse=prefer_sse
+        )
 
     async def _post_sessionless(
         self,
@@ -319,6 +323,10 @@ class FrontDoor:
                 error = InvalidParams(getattr(verdict, "message", None))
             await reject(send, error, message.id, status=ERROR_CODE_HTTP_STATUS.get(code, 400))
             return
+        mismatch = task_name_mismatch(message.method, decoded.get("params"), headers.get("mcp-name"))
+        if mismatch is not None:
+            await reject(send, HeaderMismatch(mismatch), message.id, status=400)
+            return
         capabilities = getattr(verdict, "client_capabilities", None)
         # The evidence session this agent session's sessionless requests share (``audit/shared.py``).
         evidence = self._request_evidence_for(principal)
@@ -336,7 +344,15 @@ class FrontDoor:
         )
         try:
             # Its entries are durable before its answer; the claim follows when the chain closes.
-            await self._answer(receive, send, caller, message, sse_allowed, cancel_on_disconnect=True)
+            await self._answer(
+                receive,
+                send,
+                caller,
+                message,
+                sse_allowed,
+                cancel_on_disconnect=True,
+                prefer_sse=prefers_sse(headers.get("accept", "")),
+            )
         finally:
             with anyio.CancelScope(shield=True), contextlib.suppress(BastionError):
                 await self._end_request_evidence(evidence)
@@ -351,6 +367,7 @@ class FrontDoor:
         *,
         cancel_on_disconnect: bool,
         before_finish: Callable[[], Awaitable[None]] | None = None,
+        prefer_sse: bool = False,
     ) -> None:
         """Dispatch one request and write its answer to its own channel only."""
         transport_session = caller.transport_session
@@ -359,6 +376,7 @@ class FrontDoor:
             sse_allowed=sse_allowed,
             open_stream=None if transport_session is None else transport_session.streams.open_response_stream,
             priming=transport_session is not None and primes(transport_session.protocol_version),
+            prefer_sse=prefer_sse,
         )
         caller = caller.with_relay(StreamRelay(channel, transport_session))
         sessionless = transport_session is None

@@ -1,4 +1,5 @@
-"""HTTP-level reading and writing for the front door: body limits, disconnects, 202s, error answers.
+"""HTTP-level reading and writing for the front door: body limits, disconnects, 202s, error answers,
+and which of JSON and SSE a client prefers for an answer (``prefers_sse``).
 
 Plain ASGI helpers shared by ``transport/streamable_http.py`` and
 ``transport/resume.py``; they decide nothing about MCP.
@@ -23,10 +24,38 @@ __all__ = [
     "detached",
     "disconnect_cancels",
     "meta_of",
+    "prefers_sse",
     "read_body",
     "reject",
     "watch_disconnect",
 ]
+
+
+_SSE, _JSON = "text/event-stream", "application/json"
+
+
+def prefers_sse(accept: str) -> bool:
+    """Whether an ``Accept`` header ranks ``text/event-stream`` above ``application/json``: a higher
+    ``q``, or the same ``q`` and listed first (the SDK clients list JSON first; a client that lists
+    SSE first is answered with a stream even when nothing precedes the result). Wildcards rank
+    neither."""
+    ranks: dict[str, tuple[float, int]] = {}
+    for position, item in enumerate(accept.split(",")):
+        media, *parameters = (part.strip() for part in item.split(";"))
+        media = media.lower()
+        if media not in (_SSE, _JSON) or media in ranks:
+            continue
+        q = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        ranks[media] = (q, -position)
+    sse, json = ranks.get(_SSE), ranks.get(_JSON)
+    return sse is not None and sse[0] > 0 and (json is None or sse > json)
 
 
 def meta_of(decoded: dict[str, Any]) -> dict[str, Any]:

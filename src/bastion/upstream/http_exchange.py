@@ -28,6 +28,7 @@ from bastion.errors import (
     UpstreamUnavailable,
 )
 from bastion.policy.snapshot import ServerSpec
+from bastion.tasks.support import TASK_NAMED_METHODS
 from bastion.tracing import inject_headers
 from bastion.transport.jsonrpc import dumps
 from bastion.upstream.base import CallContext, ClientDeclined, UpstreamReplied
@@ -165,7 +166,11 @@ class HttpExchange:
         outbound = dict(relay.outbound_params(params))
         meta = dict(outbound.get("_meta") or {})
         meta[PROTOCOL_VERSION_META_KEY] = MODERN_VERSION
-        meta[CAPABILITIES_META_KEY] = bridged_capabilities(client_capabilities)
+        capabilities = bridged_capabilities(client_capabilities)
+        asked = meta.get(CAPABILITIES_META_KEY)  # only the gateway's own: clients' are stripped
+        if isinstance(asked, dict) and isinstance(asked.get("extensions"), dict):
+            capabilities["extensions"] = asked["extensions"]  # the tasks extension, for this request
+        meta[CAPABILITIES_META_KEY] = capabilities
         meta[CLIENT_INFO_META_KEY] = GATEWAY_INFO
         outbound["_meta"] = with_log_level(meta, ctx)
         headers = {
@@ -176,7 +181,11 @@ class HttpExchange:
             "mcp-method": method,
         }
         name = params.get("name") if method in ("tools/call", "prompts/get") else params.get("uri")
-        if isinstance(name, str) and method in ("tools/call", "prompts/get", "resources/read"):
+        if method in TASK_NAMED_METHODS:
+            name = params.get("taskId")  # the tasks extension's routing header
+        if isinstance(name, str) and (
+            method in ("tools/call", "prompts/get", "resources/read") or method in TASK_NAMED_METHODS
+        ):
             headers["mcp-name"] = encode_header_value(name)
         arguments = params.get("arguments")
         if method == "tools/call" and isinstance(name, str) and isinstance(arguments, dict):
