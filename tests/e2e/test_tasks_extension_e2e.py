@@ -29,6 +29,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bastion.auth.bearer import hash_token
 from bastion.tasks.support import TASKS_EXTENSION
+from tests.e2e.issue4_support import ADMIN_TOKEN, reload_policy
 from tests.e2e.test_shared_evidence_crash import bastion_serve
 
 pytestmark = pytest.mark.anyio
@@ -64,20 +65,33 @@ async def fixture_upstream() -> AsyncIterator[str]:
             await process.aclose()
 
 
-@contextlib.asynccontextmanager
-async def serving(tmp_path: Path, era: str) -> AsyncIterator[tuple[str, Path]]:
-    """``bastion serve`` in front of the fixture (upstream era ``era``); yields its URL and data dir."""
+def write_config(path: Path, upstream_url: str, era: str, tools: dict[str, list[str]] | None = None) -> None:
+    """The gateway's file: the fixture as a transparent server, alice and bob granted ``tools`` of
+    it (every tool unless told), an admin token for reloads."""
+    tools = tools or {name: ["*"] for name in TOKENS}
     agents = "".join(f'[agents.{name}]\ntoken_sha256 = "{hash_token(t)}"\n' for name, t in TOKENS.items())
     grants = "".join(
-        f'[[grants]]\nagent = "{name}"\nservers = ["fixture"]\ntools = ["*"]\n' for name in TOKENS
+        f'[[grants]]\nagent = "{name}"\nservers = ["fixture"]\ntools = {json.dumps(granted)}\n'
+        for name, granted in tools.items()
     )
+    path.write_text(
+        f'[auth]\nadmin_token_sha256 = "{hash_token(ADMIN_TOKEN)}"\n\n'
+        "[gateway]\nupstream_timeout_s = 30.0\n\n"
+        f'[servers.fixture]\nurl = "{upstream_url}"\ntransparent = true\nera = "{era}"\n\n'
+        f"{agents}{grants}"
+    )
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    tmp_path: Path, era: str, tools: dict[str, list[str]] | None = None
+) -> AsyncIterator[tuple[str, Path]]:
+    """``bastion serve`` in front of the fixture (upstream era ``era``); yields its URL and data dir.
+    ``tmp_path / "upstream_url"`` holds the fixture's URL (to write the file again for a reload)."""
     config = tmp_path / "gateway.toml"
     async with fixture_upstream() as upstream_url:
-        config.write_text(
-            "[gateway]\nupstream_timeout_s = 30.0\n\n"
-            f'[servers.fixture]\nurl = "{upstream_url}"\ntransparent = true\nera = "{era}"\n\n'
-            f"{agents}{grants}"
-        )
+        (tmp_path / "upstream_url").write_text(upstream_url)
+        write_config(config, upstream_url, era, tools)
         data_dir = tmp_path / "data"
         async with bastion_serve(config, data_dir, tmp_path / "gateway.log") as (_, url):
             yield url, data_dir
@@ -305,3 +319,30 @@ async def test_a_session_era_client_that_declared_the_extension_is_served_its_ta
             assert polled["result"]["status"] == "completed" and polled["result"]["result"]["content"]
             assert (await ask("tasks/list", {}))["error"]["code"] == -32601
     assert rows(data_dir, "SELECT state FROM executions WHERE execution_id = 'exec-s1'") == [("completed",)]
+
+
+async def test_a_task_whose_tool_the_grants_no_longer_cover_is_an_unknown_id(tmp_path: Path) -> None:
+    """A reload that keeps alice's grant of the server but no longer covers the task's tool: her task
+    id answers as a made-up one does, for every task method."""
+    granted = {"alice": ["slow_compute", "greet"], "bob": ["*"]}
+    with anyio.fail_after(DEADLINE_S):
+        async with serving(tmp_path, "auto", granted) as (url, _), httpx.AsyncClient(timeout=30) as http:
+            alice = asker(http, url, "alice")
+            created = (await alice("tools/call", call("slow_compute", {"seconds": 30, "label": "g"})))[
+                "result"
+            ]
+            task_id = created["taskId"]
+            assert (await alice("tasks/get", {"taskId": task_id}))["result"]["taskId"] == task_id
+            upstream_url = (tmp_path / "upstream_url").read_text()
+            write_config(tmp_path / "gateway.toml", upstream_url, "auto", {"alice": ["greet"], "bob": ["*"]})
+            assert (await reload_policy(http, url.removesuffix("/mcp"))).status_code == 200
+            for method, extra in (
+                ("tasks/get", {}),
+                ("tasks/update", {"inputResponses": {}}),
+                ("tasks/cancel", {}),
+            ):
+                unknown = await alice(method, {"taskId": _UNKNOWN_ID, **extra})
+                assert unknown["error"]["code"] == -32602, method
+                assert (await alice(method, {"taskId": task_id, **extra}))["error"] == unknown["error"], (
+                    method
+                )

@@ -42,6 +42,7 @@ __all__ = [
     "server_visible",
     "surface_reachable",
     "surface_visible",
+    "tool_visible",
     "visible_tools",
 ]
 
@@ -307,6 +308,14 @@ def surface_visible(
     if not snapshot.grants:
         return True
     return any(_covers(g, kind, server, namespace, name) for g in _for_principal(snapshot.grants, principal))
+
+
+def tool_visible(snapshot: Snapshot, principal: Principal, server: str, namespace: str, tool: str) -> bool:
+    """Whether some grant of this principal covers upstream tool ``tool`` of ``server`` (as
+    :func:`visible_tools` shows it); no grants declared: yes."""
+    if not snapshot.grants:
+        return True
+    return any(g.covers_target(server, namespace, tool) for g in _for_principal(snapshot.grants, principal))
 
 
 def server_visible(snapshot: Snapshot, principal: Principal, server: str, namespace: str) -> bool:

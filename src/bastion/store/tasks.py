@@ -4,8 +4,8 @@ A task is work an upstream started for a ``tools/call`` through the gateway and
 that the client then polls, collects and cancels. The store keeps one row per
 task: the gateway's own id (``task_id``, the only one a client sees), the
 upstream's (``upstream_task_id``, never shown), the owner (agent and agent
-session), the server, the call that created it (call id, evidence session,
-execution id) and its last known status.
+session), the server and upstream tool, the call that created it (call id, evidence
+session, execution id) and its last known status.
 
 Every read and write names the owner it acts for, and answers ``None`` for a
 task that is unknown or another owner's: the two are one answer, so a task id
@@ -59,6 +59,7 @@ class NewTask:
     evidence_session_id: EvidenceSessionId
     execution_id: ExecutionId | None
     status: TaskStatus = TaskStatus.WORKING
+    tool: str | None = None  # the upstream tool of the creating call (grants are re-checked on it)
 
     def __post_init__(self) -> None:
         if not (self.agent and self.server and self.upstream_task_id and self.call_id):
@@ -83,6 +84,7 @@ class TaskRecord:
     status: TaskStatus
     created_at: datetime
     updated_at: datetime
+    tool: str | None = None  # None for a row written before schema 14 (SQLite) / 10 (PostgreSQL)
 
     @property
     def terminal(self) -> bool:

@@ -8,8 +8,9 @@ session) and a fresh gateway id (``task_`` + 128 random bits, ``store/task_opera
 the client sees only that id. The upstream's id never leaves the gateway, so an id is worth
 nothing to anyone but its owner: the store is keyed per owner, and another owner's id, a revoked
 agent session's, or a made-up one all answer as the same unknown task (-32602, the upstream's own
-answer to an unknown id) before any upstream is asked; so does a task whose server no grant of
-the caller names any more (checked per server: the store keeps no tool name for a task).
+answer to an unknown id) before any upstream is asked; so does a task whose tool no grant of the
+caller covers any more (the store keeps the creating call's upstream tool; a row from before it
+did is checked per server).
 
 ``tasks/get``, ``tasks/result``, ``tasks/cancel`` go to the server that created the task, on the
 caller's own upstream session or process (``call_context.py``), with the upstream's id; the
@@ -67,7 +68,7 @@ from bastion.caller import Caller
 from bastion.errors import BastionError, InvalidParams, OutcomeUnknown, UpstreamProtocolError
 from bastion.ids import EvidenceSessionId
 from bastion.metrics import CallMetrics
-from bastion.policy.decide import server_visible
+from bastion.policy.decide import server_visible, tool_visible
 from bastion.policy.snapshot import Snapshot
 from bastion.session.state import TransportSession
 from bastion.store.base import ExecutionStep, Store
@@ -244,6 +245,7 @@ class TaskRelay:
                 EvidenceSessionId(evidence_session_id),
                 fields.get("execution_id"),
                 status,
+                fields.get("tool"),
             ),
             now=caller.evidence.now(),
         )
@@ -462,11 +464,11 @@ class TaskRelay:
             now=caller.evidence.now(),
         )
         upstream = self._fleet.upstreams.get(record.server) if record is not None else None
-        # The grants in force still name its server (a reload may have taken it away): else unknown.
+        # The grants in force still cover its tool (a reload may have taken it away): else unknown.
         if (
             record is None
             or upstream is None
-            or not server_visible(self._snapshot(), caller.principal, record.server, upstream.namespace)
+            or not _still_granted(self._snapshot(), caller, record, upstream.namespace)
         ):
             raise _unknown_task()
         return record
@@ -616,6 +618,14 @@ class TaskRelay:
             if not isinstance(cursor, str) or not cursor:
                 break
         return found
+
+
+def _still_granted(snapshot: Snapshot, caller: Caller, record: TaskRecord, namespace: str) -> bool:
+    """Whether a grant of the caller still covers the task's tool (its server, for a row that
+    names no tool: written before the store kept it)."""
+    if record.tool is None:
+        return server_visible(snapshot, caller.principal, record.server, namespace)
+    return tool_visible(snapshot, caller.principal, record.server, namespace, record.tool)
 
 
 def _hold(transport_session: TransportSession, key: tuple[str, str], params: dict[str, Any]) -> None:

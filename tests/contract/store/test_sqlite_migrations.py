@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from store_support import AGENT, EID, assert_linked, genesis, make_entry
 
 from bastion.admission.states import ExecutionState
 from bastion.errors import ExecutionInFlight, StoreError
-from bastion.ids import CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
+from bastion.ids import AgentId, CallId, Epoch, EvidenceSessionId, ExecutionId, WorkerId
 from bastion.store.migrations import SQLITE_MIGRATIONS
 from bastion.store.rows import entry_json
 from bastion.store.sqlite import SqliteStore, apply_migrations
@@ -76,7 +77,7 @@ async def test_version_1_file_is_upgraded_and_keeps_its_data(tmp_path: Path) -> 
         )
         assert done.state is ExecutionState.COMPLETED
 
-    assert schema_version(db) == len(SQLITE_MIGRATIONS) == 13
+    assert schema_version(db) == len(SQLITE_MIGRATIONS) == 14
     conn = raw(db)
     try:
         indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
@@ -173,3 +174,27 @@ async def test_unshareable_paths_are_refused(path: str) -> None:
     """The store needs a file several connections and processes can share."""
     with pytest.raises(ValueError):
         await SqliteStore.open(path)
+
+
+async def test_version_13_tasks_read_back_without_a_tool(tmp_path: Path) -> None:
+    """Version 14 adds the creating call's tool to a task row; a row written before reads back ``None``."""
+    db = tmp_path / "v13.db"
+    conn = raw(db)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        assert apply_migrations(conn, target=13) == 13
+        conn.execute(
+            "INSERT INTO tasks (task_id, agent, agent_session_id, server, upstream_task_id, call_id,"
+            " evidence_session_id, execution_id, status, created_at, updated_at)"
+            " VALUES ('task_old', 'ada', NULL, 'tasks', 'up-old', 'call-old', 'ev_old', NULL,"
+            " 'working', 1, 1)"
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    async with await SqliteStore.open(db) as store:
+        record = await store.get_task(
+            "task_old", agent=AgentId("ada"), agent_session_id=None, now=datetime.now(UTC)
+        )
+    assert record is not None and record.tool is None and record.upstream_task_id == "up-old"
+    assert schema_version(db) == 14

@@ -270,3 +270,19 @@ async def test_the_task_an_upstream_id_names_is_found_by_its_owner_only(store: S
     await store.revoke_agent_session(owner, by="admin", reason="test", now=later(1))
     with pytest.raises(AgentSessionRevoked):
         await store.task_of_upstream("tasks", "up-1", agent=ADA, agent_session_id=owner, now=later(2))
+
+
+async def test_a_task_keeps_the_tool_of_the_call_that_created_it(store: Store) -> None:
+    """The creating call's upstream tool is read back wherever the task is (its grants are re-checked
+    on it, tasks/relay.py); a task recorded without one reads back ``None``."""
+    owner = await agent_session(store)
+    named = await store.create_task(
+        NewTask(
+            ADA, owner, "tasks", "up-t", CallId("call-t"), EvidenceSessionId("ev_1"), ExecutionId("exec-t"),
+            tool="research",
+        ),
+        now=NOW,
+    )  # fmt: skip
+    assert named.tool == "research"
+    assert await store.get_task(named.task_id, agent=ADA, agent_session_id=owner, now=NOW) == named
+    assert (await new_task(store, owner)).tool is None

@@ -21,6 +21,7 @@ from bastion.store.migrations import (
     postgres_0007_pins,
     postgres_0008_approvals,
     postgres_0009_tasks_per_agent,
+    postgres_0010_task_tool,
     sqlite_0001_initial,
     sqlite_0002_recovery_indexes,
     sqlite_0003_agent_sessions,
@@ -34,6 +35,7 @@ from bastion.store.migrations import (
     sqlite_0011_pins,
     sqlite_0012_approvals,
     sqlite_0013_tasks_per_agent,
+    sqlite_0014_task_tool,
 )
 
 __all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS", "Migration"]
@@ -60,6 +62,7 @@ SQLITE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(11, "pins", sqlite_0011_pins.STATEMENTS),
     Migration(12, "approvals", sqlite_0012_approvals.STATEMENTS),
     Migration(13, "tasks_per_agent", sqlite_0013_tasks_per_agent.STATEMENTS),
+    Migration(14, "task_tool", sqlite_0014_task_tool.STATEMENTS),
 )
 
 POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
@@ -72,6 +75,7 @@ POSTGRES_MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "pins", postgres_0007_pins.STATEMENTS),
     Migration(8, "approvals", postgres_0008_approvals.STATEMENTS),
     Migration(9, "tasks_per_agent", postgres_0009_tasks_per_agent.STATEMENTS),
+    Migration(10, "task_tool", postgres_0010_task_tool.STATEMENTS),
 )
 
 # Each list is dense and ordered: migration n sits at index n - 1.

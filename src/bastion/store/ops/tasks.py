@@ -19,7 +19,7 @@ from bastion.store.tasks import TERMINAL_STATUSES, NewTask, TaskRecord, TaskStat
 
 SELECT_TASK = (
     "SELECT task_id, agent, agent_session_id, server, upstream_task_id, call_id, evidence_session_id,"
-    " execution_id, status, created_at, updated_at FROM tasks"
+    " execution_id, status, created_at, updated_at, tool FROM tasks"
 )
 _SELECT_CREATED = "SELECT created_at FROM tasks"
 # A NULL agent session (an agent on a static token) matches only NULL (SQLite 3.39+, PostgreSQL).
@@ -30,7 +30,7 @@ def task_from_row(row: tuple[Any, ...]) -> TaskRecord:
     return TaskRecord(
         row[0], AgentId(row[1]), row[2], row[3], row[4], CallId(row[5]), EvidenceSessionId(row[6]),
         None if row[7] is None else ExecutionId(row[7]), TaskStatus(row[8]),
-        from_us(row[9]), from_us(row[10]),
+        from_us(row[9]), from_us(row[10]), row[11],
     )  # fmt: skip
 
 
@@ -53,10 +53,10 @@ def create_task(task_id: str, task: NewTask, now: datetime, now_us: int) -> Op[T
         raise Conflict("this upstream task is recorded", server=server)
     yield from execute(
         "INSERT INTO tasks (task_id, agent, agent_session_id, server, upstream_task_id, call_id,"
-        " evidence_session_id, execution_id, status, created_at, updated_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " evidence_session_id, execution_id, status, created_at, updated_at, tool)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         task_id, task.agent, task.agent_session_id, server, task.upstream_task_id, task.call_id,
-        task.evidence_session_id, execution_id, task.status.value, now_us, now_us,
+        task.evidence_session_id, execution_id, task.status.value, now_us, now_us, task.tool,
     )  # fmt: skip
     row = yield from one(SELECT_TASK + " WHERE task_id = ?", task_id)
     assert row is not None
