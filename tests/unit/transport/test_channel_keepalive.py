@@ -11,6 +11,7 @@ import pytest
 from bastion.session.replay import ReplayLimits, SessionStreams
 from bastion.transport.channel import ResponseChannel
 from bastion.transport.sse_out import KEEPALIVE_FRAME
+from tests.support.asgi_send import RecordedSend
 
 pytestmark = pytest.mark.anyio
 
@@ -19,15 +20,15 @@ _TICK_S = 0.02
 _BOUND_S = 10.0
 
 
-class _Sent:
+class _Sent(RecordedSend):
     """An ASGI ``send`` that records, and tells when the ``n``-th comment went out."""
 
     def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
+        super().__init__()
         self.comment = anyio.Event()
 
     async def __call__(self, message: dict[str, Any]) -> None:
-        self.messages.append(message)
+        await super().__call__(message)
         if message.get("body") == KEEPALIVE_FRAME:
             self.comment.set()
             self.comment = anyio.Event()
@@ -36,9 +37,6 @@ class _Sent:
         with anyio.fail_after(_BOUND_S):
             while self.body().count(KEEPALIVE_FRAME) < count:
                 await self.comment.wait()
-
-    def body(self) -> bytes:
-        return b"".join(m.get("body", b"") for m in self.messages if m["type"] == "http.response.body")
 
 
 async def test_a_slow_sse_answer_gets_comments_until_the_answer_and_none_after() -> None:

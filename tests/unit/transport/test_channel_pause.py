@@ -3,32 +3,21 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
 from bastion.session.replay import ReplayLimits, SessionStreams
 from bastion.transport.channel import ResponseChannel
+from tests.support.asgi_send import RecordedSend
 
 pytestmark = pytest.mark.anyio
 
 _ANSWER = {"jsonrpc": "2.0", "id": 1, "result": {"ok": True}}
 
 
-class _Sent:
-    def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
-
-    async def __call__(self, message: dict[str, Any]) -> None:
-        self.messages.append(message)
-
-    def body(self) -> bytes:
-        return b"".join(m.get("body", b"") for m in self.messages if m["type"] == "http.response.body")
-
-
 async def test_a_sessionless_answer_is_not_paused_and_goes_out_as_json() -> None:
     """Without a session to resume in, a pause changes nothing: the answer is one JSON body."""
-    sent = _Sent()
+    sent = RecordedSend()
     channel = ResponseChannel(sent, sse_allowed=True)
     await channel.pause(500)
     await channel.finish(_ANSWER)
@@ -38,7 +27,7 @@ async def test_a_sessionless_answer_is_not_paused_and_goes_out_as_json() -> None
 
 async def test_a_session_before_2025_11_25_is_never_paused() -> None:
     """Without priming (an older revision's session) a pause changes nothing: the answer stays on the POST."""
-    sent, streams = _Sent(), SessionStreams(ReplayLimits())
+    sent, streams = RecordedSend(), SessionStreams(ReplayLimits())
     channel = ResponseChannel(sent, sse_allowed=True, open_stream=streams.open_response_stream)
     await channel.pause(500)
     await channel.finish(_ANSWER)
@@ -47,7 +36,7 @@ async def test_a_session_before_2025_11_25_is_never_paused() -> None:
 
 async def test_a_paused_session_answer_ends_after_priming_and_keeps_the_rest_for_resumption() -> None:
     """In the session era the POST gets the priming event and ends; the answer is kept on its stream."""
-    sent, streams = _Sent(), SessionStreams(ReplayLimits())
+    sent, streams = RecordedSend(), SessionStreams(ReplayLimits())
     channel = ResponseChannel(sent, sse_allowed=True, open_stream=streams.open_response_stream, priming=True)
     await channel.pause(60_000)  # an upstream's hint is passed on within Bastion's own bound
     await channel.finish(_ANSWER)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
 from bastion.session.replay import ReplayLimits, SessionStreams
 from bastion.transport.channel import ResponseChannel
 from bastion.transport.wire import prefers_sse
+from tests.support.asgi_send import RecordedSend
 
 pytestmark = pytest.mark.anyio
 
@@ -36,22 +36,8 @@ def test_the_first_ranked_media_type_decides(accept: str, expected: bool) -> Non
     assert prefers_sse(accept) is expected
 
 
-class _Sent:
-    def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
-
-    async def __call__(self, message: dict[str, Any]) -> None:
-        self.messages.append(message)
-
-    def body(self) -> bytes:
-        return b"".join(m.get("body", b"") for m in self.messages if m["type"] == "http.response.body")
-
-    def content_type(self) -> bytes:
-        return dict(self.messages[0]["headers"])[b"content-type"]
-
-
 async def test_a_client_that_ranks_sse_first_gets_its_result_as_a_primed_numbered_event() -> None:
-    sent, streams = _Sent(), SessionStreams(ReplayLimits())
+    sent, streams = RecordedSend(), SessionStreams(ReplayLimits())
     channel = ResponseChannel(
         sent, sse_allowed=True, open_stream=streams.open_response_stream, priming=True, prefer_sse=True
     )
@@ -63,13 +49,13 @@ async def test_a_client_that_ranks_sse_first_gets_its_result_as_a_primed_numbere
 
 
 async def test_a_result_with_another_status_than_200_stays_json_whatever_the_client_prefers() -> None:
-    sent = _Sent()
+    sent = RecordedSend()
     channel = ResponseChannel(sent, sse_allowed=True, prefer_sse=True)
     await channel.finish(_ANSWER, status=400)
     assert sent.messages[0]["status"] == 400 and sent.content_type() == b"application/json"
 
 
 async def test_without_the_preference_the_answer_is_json() -> None:
-    sent = _Sent()
+    sent = RecordedSend()
     await ResponseChannel(sent, sse_allowed=True).finish(_ANSWER)
     assert sent.content_type() == b"application/json" and json.loads(sent.body()) == _ANSWER
