@@ -64,20 +64,25 @@ async def fixture_upstream() -> AsyncIterator[str]:
             await process.aclose()
 
 
-@contextlib.asynccontextmanager
-async def serving(tmp_path: Path, era: str) -> AsyncIterator[tuple[str, Path]]:
-    """``bastion serve`` in front of the fixture (upstream era ``era``); yields its URL and data dir."""
+def write_config(config: Path, upstream_url: str, era: str = "auto") -> Path:
+    """The fixture as server ``fixture`` (transparent, upstream era ``era``), alice and bob granted it."""
     agents = "".join(f'[agents.{name}]\ntoken_sha256 = "{hash_token(t)}"\n' for name, t in TOKENS.items())
     grants = "".join(
         f'[[grants]]\nagent = "{name}"\nservers = ["fixture"]\ntools = ["*"]\n' for name in TOKENS
     )
-    config = tmp_path / "gateway.toml"
+    config.write_text(
+        "[gateway]\nupstream_timeout_s = 30.0\n\n"
+        f'[servers.fixture]\nurl = "{upstream_url}"\ntransparent = true\nera = "{era}"\n\n'
+        f"{agents}{grants}"
+    )
+    return config
+
+
+@contextlib.asynccontextmanager
+async def serving(tmp_path: Path, era: str) -> AsyncIterator[tuple[str, Path]]:
+    """``bastion serve`` in front of the fixture (upstream era ``era``); yields its URL and data dir."""
     async with fixture_upstream() as upstream_url:
-        config.write_text(
-            "[gateway]\nupstream_timeout_s = 30.0\n\n"
-            f'[servers.fixture]\nurl = "{upstream_url}"\ntransparent = true\nera = "{era}"\n\n'
-            f"{agents}{grants}"
-        )
+        config = write_config(tmp_path / "gateway.toml", upstream_url, era)
         data_dir = tmp_path / "data"
         async with bastion_serve(config, data_dir, tmp_path / "gateway.log") as (_, url):
             yield url, data_dir
