@@ -65,7 +65,9 @@ async def fixture_upstream() -> AsyncIterator[str]:
             await process.aclose()
 
 
-def write_config(path: Path, upstream_url: str, era: str, tools: dict[str, list[str]] | None = None) -> None:
+def write_config(
+    path: Path, upstream_url: str, era: str = "auto", tools: dict[str, list[str]] | None = None
+) -> Path:
     """The gateway's file: the fixture as a transparent server, alice and bob granted ``tools`` of
     it (every tool unless told), an admin token for reloads."""
     tools = tools or {name: ["*"] for name in TOKENS}
@@ -80,6 +82,7 @@ def write_config(path: Path, upstream_url: str, era: str, tools: dict[str, list[
         f'[servers.fixture]\nurl = "{upstream_url}"\ntransparent = true\nera = "{era}"\n\n'
         f"{agents}{grants}"
     )
+    return path
 
 
 @contextlib.asynccontextmanager

@@ -100,6 +100,8 @@ class RecoveredExecution:
     state: ExecutionState
     previous_worker: WorkerId
     previous_epoch: Epoch
+    #: The execution's task, still live in the store: the row stays ``invoking`` (``state``).
+    task_id: str | None = None
 
 
 class ExecutionStore(Protocol):
@@ -176,7 +178,10 @@ class ExecutionStore(Protocol):
         :class:`StaleEpoch`; :class:`Conflict` if it holds another generation).
         Rows of the generation written under an older epoch move
         ``invoking → outcome_unknown`` and ``reserved → released``, rewritten
-        under ``(new_worker, new_epoch)``. Returns the changed rows, ordered by
-        ``(agent, execution_id)``; the caller writes one audit entry for each.
+        under ``(new_worker, new_epoch)``; an ``invoking`` row whose task is
+        still live in the store stays ``invoking`` (its task settles it, at any
+        replica), rewritten so too, and is returned with its ``task_id``.
+        Returns those rows, ordered by ``(agent, execution_id)``; the caller
+        writes one audit entry for each.
         """
         ...

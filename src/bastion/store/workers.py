@@ -79,7 +79,8 @@ class GenerationRecord:
 
 @dataclass(frozen=True, slots=True)
 class GenerationBacklog:
-    """What a generation's holders left unsettled: executions ``reserved``/``invoking``, chains still open."""
+    """What a generation's holders left unsettled: executions ``reserved``/``invoking`` (not one a live
+    task holds: its task settles it, at any replica), chains still open."""
 
     generation: str
     unsettled_executions: int

@@ -19,15 +19,16 @@ and shows each as its upstream reports it (a task its upstream no longer lists i
 
 Governance: the creating call was admitted under its ``execution_id`` like any call, and the row
 stays ``invoking`` while the task lives (a replay is answered with the same task, never a second
-creation: ``call.py``). The first request that sees the task terminal (any replica: the store's
-first terminal status wins) moves the execution to its terminal state with the audit entry that
-says so, in one write: ``completed`` → ``completed``, ``failed`` → ``failed``, ``cancelled`` →
-``outcome_unknown`` (the work may have partly run). A live task the upstream no longer knows (its
-process died, its ttl passed) has lost its fate: the task is recorded ``failed``, the execution
-``outcome_unknown``, and the caller is told :class:`~bastion.errors.OutcomeUnknown`. Creation,
-each status change, the result and a cancellation are audit entries that carry the creating
-call's ``call_id`` and ``execution_id`` (they join with its entries offline), written to the
-caller's chain: for the same client session, the creating call's chain.
+creation: ``call.py``), also through a crash of its gateway (recovery leaves it to its live task:
+``workers/recovery.py``). The first request that sees the task terminal (any replica, of any
+generation: the store's first terminal status wins) moves the execution to its terminal state with
+the audit entry that says so, in one write: ``completed`` → ``completed``, ``failed`` → ``failed``,
+``cancelled`` → ``outcome_unknown`` (the work may have partly run). A live task the upstream no
+longer knows (its process died, its ttl passed) has lost its fate: the task is recorded ``failed``,
+the execution ``outcome_unknown``, and the caller is told :class:`~bastion.errors.OutcomeUnknown`.
+Creation, each status change, the result and a cancellation are audit entries that carry the
+creating call's ``call_id`` and ``execution_id`` (they join with its entries offline), written to
+the caller's chain: for the same client session, the creating call's chain.
 
 ``notifications/tasks/status`` that a server pushes on a client's own upstream session (its GET
 stream) or from its own stdio process reach that client only, under the gateway's id

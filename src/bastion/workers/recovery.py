@@ -6,7 +6,12 @@ those left ``reserved`` become ``released`` (in one store transaction, under
 the new epoch), each with an audit entry whose ``ts`` is when recovery wrote it
 and whose ``detail.last_entry`` names the dead worker's last entry of that call
 (session, seq, hash and ``ts``, the last time the call was known of; ``null``
-when it left none); then every evidence session the
+when it left none). An execution left ``invoking`` whose task is still live in
+the store is not closed: its fate is its task's (the next poll at any replica
+settles it, or finds the task lost: ``tasks/relay.py``), so recovery leaves it
+``invoking`` under the new epoch and writes a ``recovery`` entry, reason
+``task_live``, with no outcome and ``detail.task_id`` (DESIGN section 3: a
+terminal state only for what nobody can learn any more). Then every evidence session the
 generation left open is closed with reason ``recovery`` and its claim issued.
 Before that, a call without an execution id whose last entry in such a chain is
 ``admitted`` (a tool that may act writes it before the send, ``call.py``) was
@@ -57,6 +62,24 @@ async def recover_generation(
     for agent, rows in by_agent.items():
         scope = EvidenceScope(recorder, rows[0].agent, policy_version=None)
         for row in rows:
+            detail = {
+                "previous_state": row.previous_state.value,
+                "previous_worker": row.previous_worker,
+                "previous_epoch": row.previous_epoch,
+                # The dead worker's last entry of this call (its ts: the event's last known time).
+                "last_entry": await last_entry_of_call(store, row.agent, row.execution_id, row.call_id),
+            }
+            if row.task_id is not None:
+                # Left to its live task: no outcome (the row stays invoking), the task it waits on.
+                await scope.record(
+                    AuditEvent.RECOVERY,
+                    call_id=row.call_id,
+                    execution_id=row.execution_id,
+                    binding=row.binding,
+                    reason="task_live",
+                    detail={**detail, "task_id": row.task_id},
+                )
+                continue
             await scope.record(
                 AuditEvent(row.state.value),
                 call_id=row.call_id,
@@ -64,13 +87,7 @@ async def recover_generation(
                 binding=row.binding,
                 outcome=row.state.value,
                 reason="recovery",
-                detail={
-                    "previous_state": row.previous_state.value,
-                    "previous_worker": row.previous_worker,
-                    "previous_epoch": row.previous_epoch,
-                    # The dead worker's last entry of this call (its ts: the event's last known time).
-                    "last_entry": await last_entry_of_call(store, row.agent, row.execution_id, row.call_id),
-                },
+                detail=detail,
             )
         await scope.close(CloseReason.RECOVERY)
         logger.warning("recovered executions", extra={"agent": agent, "count": len(rows)})

@@ -142,7 +142,7 @@ def _move(
     row = yield from select_execution(agent, execution_id, lock=True)
     if row is None:
         raise Conflict("no such execution", execution_id=execution_id)
-    if row.generation != generation:
+    if row.generation != generation and not (yield from _settled_by_its_task(agent, execution_id, target)):
         raise Conflict("the execution belongs to another generation", execution_id=execution_id)
     check_transition(row.state, target)
     yield from execute(_UPDATE_STATE, target.value, worker, epoch, agent, execution_id)
@@ -175,29 +175,58 @@ _ONLY_SOURCE: dict[ExecutionState, str] = {
 }
 
 
+#: The task statuses that settle an execution to each terminal state (``tasks/relay.py``: a
+#: cancelled task, or a failed one its upstream lost, leaves its outcome unknown).
+_SETTLED_BY: dict[ExecutionState, str] = {
+    ExecutionState.COMPLETED: (
+        "SELECT 1 FROM tasks WHERE agent = ? AND execution_id = ? AND status = 'completed'"
+    ),
+    ExecutionState.FAILED: "SELECT 1 FROM tasks WHERE agent = ? AND execution_id = ? AND status = 'failed'",
+    ExecutionState.OUTCOME_UNKNOWN: (
+        "SELECT 1 FROM tasks WHERE agent = ? AND execution_id = ? AND status IN ('failed', 'cancelled')"
+    ),
+}
+
+
+def _settled_by_its_task(agent: AgentId, execution_id: ExecutionId, target: ExecutionState) -> Op[bool]:
+    """Whether the execution's task is terminal in the store with a status that settles it to ``target``.
+
+    Any replica that sees a task terminal settles its execution (``tasks/relay.py``), whichever
+    generation created it: the first terminal status recorded in the store is the fact it writes.
+    """
+    query = _SETTLED_BY.get(target)
+    return query is not None and (yield from one(query, agent, execution_id)) is not None
+
+
 def recover_worker(generation: str, new_worker: WorkerId, new_epoch: Epoch) -> Op[list[RecoveredExecution]]:
     if (yield from fence(new_worker, new_epoch)) != generation:
         raise Conflict("the recovering worker does not hold that generation")
     found = yield from rows(
-        "SELECT agent, execution_id, binding, state, call_id, worker, epoch FROM executions"
-        " WHERE generation = ? AND state IN ('reserved', 'invoking') AND epoch < ?"
+        # With the execution's task while it is live in the store (working, input_required).
+        "SELECT agent, execution_id, binding, state, call_id, worker, epoch,"
+        " (SELECT task_id FROM tasks WHERE tasks.agent = executions.agent"
+        " AND tasks.execution_id = executions.execution_id AND tasks.status IN ('working', 'input_required'))"
+        " FROM executions WHERE generation = ? AND state IN ('reserved', 'invoking') AND epoch < ?"
         " ORDER BY agent, execution_id",
         generation,
         new_epoch,
-        lock="FOR UPDATE",
+        lock="FOR UPDATE OF executions",
     )
     recovered = []
-    for agent, execution_id, binding, state, call_id, worker, epoch in found:
+    for agent, execution_id, binding, state, call_id, worker, epoch, task_id in found:
         previous = ExecutionState(state)
         target = (
             ExecutionState.OUTCOME_UNKNOWN if previous is ExecutionState.INVOKING else ExecutionState.RELEASED
         )
-        check_transition(previous, target)
+        if previous is ExecutionState.INVOKING and task_id is not None:
+            target = previous  # left to its task, held now by the new worker (no transition)
+        else:
+            check_transition(previous, target)
         yield from execute(_UPDATE_STATE, target.value, new_worker, new_epoch, agent, execution_id)
         recovered.append(
             RecoveredExecution(
                 AgentId(agent), ExecutionId(execution_id), binding, call_id,
-                previous, target, WorkerId(worker), Epoch(epoch),
+                previous, target, WorkerId(worker), Epoch(epoch), task_id,
             )
         )  # fmt: skip
     return recovered

@@ -141,8 +141,12 @@ def list_workers() -> Op[list[WorkerRecord]]:
 
 
 def generation_backlog(generation: str) -> Op[GenerationBacklog]:
+    # An execution whose task is live is its task's to settle, at any replica: nothing to take over.
     executions = yield from one(
-        "SELECT COUNT(*) FROM executions WHERE generation = ? AND state IN ('reserved', 'invoking')",
+        "SELECT COUNT(*) FROM executions WHERE generation = ? AND state IN ('reserved', 'invoking')"
+        " AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.agent = executions.agent"
+        " AND tasks.execution_id = executions.execution_id"
+        " AND tasks.status IN ('working', 'input_required'))",
         generation,
     )
     chains = yield from one("SELECT COUNT(*) FROM chains WHERE generation = ? AND closed = 0", generation)
