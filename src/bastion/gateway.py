@@ -387,7 +387,7 @@ class Gateway:
         assert self.shared_evidence is not None
         return self.shared_evidence.join(principal)
 
-    async def end_request_evidence(self, scope: EvidenceScope) -> None:
+    def end_request_evidence(self, scope: EvidenceScope) -> None:
         """A sessionless request ended (its entries were durable before its answer)."""
         assert self.shared_evidence is not None
         self.shared_evidence.leave(scope)

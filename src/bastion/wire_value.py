@@ -70,13 +70,20 @@ def wire_problem(value: Any, *, max_depth: int = MAX_DEPTH) -> str | None:
         elif kind is dict or kind is list:
             if depth >= max_depth:
                 return "too_deep"
+            # A child that cannot be a defect (an ASCII string, an int, a bool, null) is not
+            # pushed: the walk visits the rest in the same order, so the first defect is the same.
             if kind is dict:
                 for key, child in item.items():
-                    if isinstance(key, str) and not _encodable(key):
+                    if isinstance(key, str) and not key.isascii() and not _encodable(key):
                         return "lone_surrogate"
-                    stack.append((child, depth + 1))
+                    ck = type(child)
+                    if not ((ck is str and child.isascii()) or ck is int or ck is bool or child is None):
+                        stack.append((child, depth + 1))
             else:
-                stack.extend((child, depth + 1) for child in item)
+                for child in item:
+                    ck = type(child)
+                    if not ((ck is str and child.isascii()) or ck is int or ck is bool or child is None):
+                        stack.append((child, depth + 1))
     return None
 
 

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bastion.wire_value import MAX_DEPTH, loads_exact, wire_problem
 
@@ -66,3 +68,50 @@ def test_loads_exact_refuses_what_is_not_json(data: bytes | str) -> None:
     """Text that is not JSON raises ValueError, as json.loads does."""
     with pytest.raises(ValueError):
         loads_exact(data)
+
+
+def _every_child_walk(value: Any, max_depth: int = MAX_DEPTH) -> str | None:
+    """The walk ``wire_problem`` made before it skipped plain children: every child pushed."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is str:
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "lone_surrogate"
+        elif type(item) is float:
+            if item != item or item in (float("inf"), float("-inf")):
+                return "not_finite"
+        elif type(item) in (dict, list):
+            if depth >= max_depth:
+                return "too_deep"
+            if type(item) is dict:
+                for key in item:
+                    try:
+                        key.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return "lone_surrogate"
+                stack.extend((child, depth + 1) for child in item.values())
+            else:
+                stack.extend((child, depth + 1) for child in item)
+    return None
+
+
+_scalars = st.sampled_from([None, True, 7, 2**70, 2.5, float("nan"), float("-inf"), "ascii", "é", "\ud800"])
+_values = st.recursive(
+    _scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(st.sampled_from(["a", "b", "ü", "\ud800"]), children, max_size=4),
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=400)
+@given(_values, st.integers(min_value=1, max_value=4))
+def test_wire_problem_names_the_defect_the_full_walk_names(value: Any, max_depth: int) -> None:
+    """With several defects in one value, the one named is the one a walk over every child names."""
+    assert wire_problem(value, max_depth=max_depth) == _every_child_walk(value, max_depth)

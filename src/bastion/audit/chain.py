@@ -35,7 +35,6 @@ from typing import Any
 
 from bastion.audit.entry import GENESIS_PREV, AuditEntry, AuditEvent, format_ts
 from bastion.audit.tee import check_attestation_record
-from bastion.crypto.jcs import canonical_json
 
 __all__ = [
     "ATTESTATION_SEQ",
@@ -197,8 +196,8 @@ def link_entry(
     transaction). Raises the JCS error if ``detail`` has no RFC 8785 form.
     """
     body_detail = dict(detail) if detail is not None else None
-    if body_detail is not None:
-        canonical_json(body_detail)  # refuse now what could never be hashed or verified
+    # What could never be hashed or verified is refused by seal(), which canonicalizes the body,
+    # detail included: before the entry exists anywhere (issue 28: once, not twice).
     return AuditEntry(
         seq=seq,
         ts=format_ts(at),

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 
@@ -65,8 +65,9 @@ class _Shared:
     scope: EvidenceScope
     agent_session_id: str | None
     users: int = 0
-    # Set while no request uses the scope.
-    unused: anyio.Event = field(default_factory=anyio.Event)
+    # Set when the last request leaves; made only while someone waits for that (a revocation),
+    # not per request: at concurrency 1 every request would make one and set it (issue 28).
+    unused: anyio.Event | None = None
 
 
 class SharedEvidence:
@@ -111,8 +112,6 @@ class SharedEvidence:
                 unsafe_disabled=self._unsafe_disabled,
             )
             shared = self._scopes[key] = self._by_scope[scope] = _Shared(scope, principal.agent_session_id)
-        if shared.users == 0:
-            shared.unused = anyio.Event()
         shared.users += 1
         return shared.scope
 
@@ -121,8 +120,9 @@ class SharedEvidence:
         shared = self._by_scope.get(scope)
         if shared is not None:
             shared.users -= 1
-            if shared.users == 0:
+            if shared.users == 0 and shared.unused is not None:
                 shared.unused.set()
+                shared.unused = None
 
     def _aged(self, shared: _Shared) -> bool:
         evidence = shared.scope.evidence
@@ -179,6 +179,8 @@ class SharedEvidence:
         with anyio.move_on_after(_QUIET_WAIT_S):
             for shared in mine:
                 if shared.users:
+                    if shared.unused is None:
+                        shared.unused = anyio.Event()
                     await shared.unused.wait()
         closed: list[str] = []
         for shared in mine:

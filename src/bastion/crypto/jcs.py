@@ -30,6 +30,8 @@ MAX_SAFE_INTEGER = 2**53 - 1
 CanonicalizationError = rfc8785.CanonicalizationError
 
 _SORT = orjson.OPT_SORT_KEYS
+# orjson refuses to write deeper nesting than this: such a value takes the rfc8785 path.
+_MAX_PLAIN_DEPTH = 254
 
 
 def is_plain_json(value: Any) -> bool:
@@ -38,19 +40,29 @@ def is_plain_json(value: Any) -> bool:
     Exact types only: a ``str`` or ``int`` subclass (an enum, say) takes the
     slow path rather than trusting another library's notion of its value.
     """
-    kind = type(value)
-    if kind is str or value is None or kind is bool:
-        return True
-    if kind is int:
-        return bool(-MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER)
-    if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str or not key.isascii() or not is_plain_json(item):
+    # One walk, scalars checked in place: this runs for every entry hashed, and a call per
+    # value cost more than the check (issue 28). Past orjson's own depth a value is not plain.
+    stack: list[tuple[Any, int]] = [([value], 0)]
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is dict:
+            for key in item:
+                if type(key) is not str or not key.isascii():
+                    return False
+            item = item.values()
+        for child in item:
+            kind = type(child)
+            if kind is str or child is None or kind is bool:
+                continue
+            if kind is int:
+                if -MAX_SAFE_INTEGER <= child <= MAX_SAFE_INTEGER:
+                    continue
                 return False
-        return True
-    if kind is list:
-        return all(is_plain_json(item) for item in value)
-    return False
+            if (kind is dict or kind is list) and depth < _MAX_PLAIN_DEPTH:
+                stack.append((child, depth + 1))
+                continue
+            return False
+    return True
 
 
 def canonical_json(value: Any) -> bytes:

@@ -120,7 +120,7 @@ class FrontDoor:
         close_session: SessionClosed,
         evidence_for: Callable[[AgentId], EvidenceScope],
         request_evidence_for: Callable[[Principal], EvidenceScope],
-        end_request_evidence: Callable[[EvidenceScope], Awaitable[None]],
+        end_request_evidence: Callable[[EvidenceScope], None],
         audit_isolation: Callable[[AgentId, str, str], Awaitable[None]],
         serving: Callable[[], None],
         track_sessionless: Callable[[Principal, anyio.CancelScope], contextlib.AbstractContextManager[None]],
@@ -354,8 +354,7 @@ class FrontDoor:
                 prefer_sse=prefers_sse(headers.get("accept", "")),
             )
         finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(BastionError):
-                await self._end_request_evidence(evidence)
+            self._end_request_evidence(evidence)  # plain bookkeeping: no await, nothing to shield
 
     async def _answer(
         self,

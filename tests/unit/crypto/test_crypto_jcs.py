@@ -104,3 +104,40 @@ def test_supplementary_keys_sort_by_utf16_code_units() -> None:
     """U+1F600 sorts before U+E000 in UTF-16 order, which orjson alone would get wrong."""
     assert canonical_json({"\ue000": 1, "\U0001f600": 2}) == rfc8785.dumps({"\ue000": 1, "\U0001f600": 2})
     assert canonical_json({"\ue000": 1, "\U0001f600": 2}).startswith('{"\U0001f600"'.encode())
+
+
+def _plain_by_recursion(value: Any) -> bool:
+    """The definition ``is_plain_json`` had as a recursive function, before its one walk."""
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
+        return True
+    if kind is int:
+        return bool(-MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER)
+    if kind is dict:
+        return all(type(k) is str and k.isascii() and _plain_by_recursion(v) for k, v in value.items())
+    if kind is list:
+        return all(_plain_by_recursion(item) for item in value)
+    return False
+
+
+@settings(max_examples=500)
+@given(json_values | entry_shaped)
+def test_is_plain_json_is_the_recursive_definition(value: Any) -> None:
+    """The one walk answers as the recursive definition does, for any JSON value or entry shape."""
+    assert is_plain_json(value) == _plain_by_recursion(value)
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize(("depth", "plain"), [(254, True), (255, False), (2000, False)])
+def test_nesting_past_orjsons_depth_takes_the_reference_path(depth: int, plain: bool) -> None:
+    """Nesting orjson cannot write is not plain; where rfc8785 can write it, the bytes are its."""
+    value = _nested(depth)
+    assert is_plain_json(value) is plain
+    if depth < 900:
+        assert canonical_json(value) == rfc8785.dumps(value)
