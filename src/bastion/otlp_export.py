@@ -103,16 +103,21 @@ def _cached(cache: dict[str, bytes], number: int, text: str) -> bytes:
     return field
 
 
-def _key(key: str) -> bytes:
-    return _KEYS.get(key) or _cached(_KEYS, 1, key)
-
-
 def _attributes(attributes: Mapping[str, Any] | None, number: int) -> bytes:
+    """``KeyValue`` fields under ``number``; a short string value (most are) written inline."""
     if not attributes:
         return b""
-    return b"".join(
-        _field(number, _key(key) + _field(2, _any_value(value))) for key, value in attributes.items()
-    )
+    tag = _SMALL[number << 3 | 2]
+    out = []
+    for key, value in attributes.items():
+        if type(value) is str and len(value) < 4_000:  # at most 16,000 bytes: every size is in _SMALL
+            raw = value.encode()
+            any_value = b"\x0a" + _SMALL[len(raw)] + raw
+        else:
+            any_value = _any_value(value)
+        pair = (_KEYS.get(key) or _cached(_KEYS, 1, key)) + b"\x12" + _varint(len(any_value)) + any_value
+        out.append(tag + _varint(len(pair)) + pair)
+    return b"".join(out)
 
 
 #: ``Span.status`` without a message, by code (UNSET, OK, ERROR).

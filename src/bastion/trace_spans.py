@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 from opentelemetry import context as otel_context
@@ -32,7 +33,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util import types
 
-__all__ = ["SCOPE", "CallSpan", "StepRecord", "StepSpan", "spans_of"]
+__all__ = ["SCOPE", "CallSpan", "StepRecord", "StepSpan", "spans_of", "step_record"]
 
 SCOPE = InstrumentationScope("bastion")
 _UNSET = Status(StatusCode.UNSET)  # immutable: shared by every span that did not fail
@@ -48,6 +49,11 @@ class StepRecord(NamedTuple):
     end_ns: int
     attributes: dict[str, Any] | None
     error_type: str | None  # an exception's type name, never its text; None: status unset
+
+
+#: A ``StepRecord`` from one tuple of its fields, in order: ``tuple.__new__`` without the named
+#: tuple's own ``__new__`` (a Python function: a microsecond a step, six steps a call).
+step_record: Callable[[tuple[Any, ...]], StepRecord] = partial(tuple.__new__, StepRecord)
 
 
 class CallSpan(Span):

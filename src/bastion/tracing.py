@@ -53,7 +53,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from bastion.trace_spans import SCOPE, CallSpan, StepRecord, StepSpan
+from bastion.trace_spans import SCOPE, CallSpan, StepSpan, step_record
 
 __all__ = [
     "NO_SPAN",
@@ -232,7 +232,7 @@ class Tracing:
         if authenticated is not None:
             step_id = self._ids.generate_span_id()
             span.steps.append(
-                StepRecord("bastion.authentication", step_id, context.span_id, *authenticated, None, None)
+                step_record(("bastion.authentication", step_id, context.span_id, *authenticated, None, None))
             )
         return span  # current while its request runs, ended on the way out (CallSpan.__enter__)
 
@@ -326,17 +326,16 @@ class _Step:
         error_type = None if exc is None else type(exc).__name__  # the type only: its text may carry a value
         call = self.call
         if call is not None and call.end_time is None:
-            call.steps.append(
-                StepRecord(
-                    self.name,
-                    self.span_id,
-                    self.parent.span_id,
-                    self.start_ns,
-                    end_ns,
-                    self.attributes,
-                    error_type,
-                )
+            record = (
+                self.name,
+                self.span_id,
+                self.parent.span_id,
+                self.start_ns,
+                end_ns,
+                self.attributes,
+                error_type,
             )
+            call.steps.append(step_record(record))
         else:
             self._tracing._export(self, end_ns, error_type)
 

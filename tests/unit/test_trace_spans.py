@@ -61,6 +61,7 @@ def _governed_call(tracing: Tracing) -> dict[str, Any]:
         with pytest.raises(ValueError), child_span(tracing, "bastion.outcome"):
             raise ValueError("s3cr3t-value")
         span.update_name("tools/call work__echo")
+        span.set_attribute("bastion.long", "é𝄞" * 2_500)  # past the encoder's inline string size
         set_outcome(
             span, "error", "upstream_unavailable", {"bastion.evidence_seq": 3, "bastion.agent": "alice"}
         )
@@ -103,6 +104,7 @@ def test_a_call_goes_to_the_exporter_whole_and_encodes_as_the_sdk_encodes_its_sp
     assert root.attributes == {
         "mcp.method.name": "tools/call",
         "bastion.evidence_seq": 3,
+        "bastion.long": "é𝄞" * 2_500,
         "bastion.agent": "alice",
         "bastion.outcome": "error",
         "bastion.reason": "upstream_unavailable",
