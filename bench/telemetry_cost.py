@@ -1,6 +1,12 @@
 """CPU per call of the telemetry code alone (issue #25): metrics, the access line, the spans.
 
-    .venv/bin/python bench/telemetry_cost.py [--calls 20000] [--span-calls 5000]
+    .venv/bin/python bench/telemetry_cost.py [--calls 20000] [--span-calls 5000] [--traced-only]
+
+Instructions per traced call (deterministic where CPU time on a shared machine is noise)::
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        .venv/bin/python bench/telemetry_cost.py --traced-only --span-calls 1000  # then 3000
+    # (I(3000) - I(1000)) / 2000: start-up cancels out. Another build: its src first on PYTHONPATH.
 
 Runs what ``call.py`` runs per governed call for each part, in this process, and prints CPU
 microseconds per call (``time.process_time``, so a loaded machine inflates it less than wall
@@ -97,11 +103,32 @@ def traced(tracing: Tracing) -> Callable[[int], None]:
     return one
 
 
+def traced_cost(calls: int) -> float:
+    """CPU µs per traced call, its export (to a loopback sink) included."""
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    os.environ.setdefault("OTEL_BSP_MAX_QUEUE_SIZE", str(calls * 8))
+    tracing = Tracing.from_environment(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.server_port}"}
+    )
+    assert tracing is not None
+    started = time.process_time()
+    per_call_us(calls, traced(tracing))
+    tracing.shutdown()
+    spent = (time.process_time() - started) / calls * 1e6
+    sink.shutdown()
+    return spent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--span-calls", type=int, default=5_000)
+    parser.add_argument("--traced-only", action="store_true", help="only the traced call (for callgrind)")
     args = parser.parse_args()
+    if args.traced_only:
+        print(f"traced call (7 spans, exported)     {traced_cost(args.span_calls):8.1f} us/call")
+        return
     off, on = GatewaySettings(), GatewaySettings(metrics_agents=5)
     access = logging.getLogger(ACCESS_LOGGER)
     access.propagate = False
@@ -120,18 +147,7 @@ def main() -> None:
         logged = per_call_us(args.calls, fresh(off))
         access.removeHandler(handler)
         handler.close()
-    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=sink.serve_forever, daemon=True).start()
-    os.environ.setdefault("OTEL_BSP_MAX_QUEUE_SIZE", str(args.span_calls * 8))
-    tracing = Tracing.from_environment(
-        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.server_port}"}
-    )
-    assert tracing is not None
-    started = time.process_time()
-    per_call_us(args.span_calls, traced(tracing))
-    tracing.shutdown()
-    spans = (time.process_time() - started) / args.span_calls * 1e6
-    sink.shutdown()
+    spans = traced_cost(args.span_calls)
     print(f"metrics (access line off)           {metrics:8.1f} us/call")
     print(f"metrics, agent label on             {agents:8.1f} us/call")
     print(f"metrics + access line (JSON, file)  {logged:8.1f} us/call")

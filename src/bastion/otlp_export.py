@@ -23,6 +23,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind
 
+from bastion.trace_spans import SCOPE, CallSpan, spans_of
+
 __all__ = ["LeanSpanExporter", "encode_trace_request"]
 
 logger = logging.getLogger(__name__)
@@ -85,13 +87,37 @@ def _any_value(value: Any) -> bytes:
     raise TypeError(f"attribute value of type {type(value).__name__}")
 
 
+#: Fields made once: an attribute's key (``KeyValue.key``) and a step's name (``Span.name``) are
+#: a few dozen names; bounded, so names from elsewhere cannot grow it without end.
+_KEYS: dict[str, bytes] = {}
+_NAMES: dict[str, bytes] = {}
+_KEPT = 1_024
+
+
+def _cached(cache: dict[str, bytes], number: int, text: str) -> bytes:
+    field = cache.get(text)
+    if field is None:
+        field = _field(number, text.encode())
+        if len(cache) < _KEPT:
+            cache[text] = field
+    return field
+
+
 def _attributes(attributes: Mapping[str, Any] | None, number: int) -> bytes:
+    """``KeyValue`` fields under ``number``; a short string value (most are) written inline."""
     if not attributes:
         return b""
-    return b"".join(
-        _field(number, _field(1, key.encode()) + _field(2, _any_value(value)))
-        for key, value in attributes.items()
-    )
+    tag = _SMALL[number << 3 | 2]
+    out = []
+    for key, value in attributes.items():
+        if type(value) is str and len(value) < 4_000:  # at most 16,000 bytes: every size is in _SMALL
+            raw = value.encode()
+            any_value = b"\x0a" + _SMALL[len(raw)] + raw
+        else:
+            any_value = _any_value(value)
+        pair = (_KEYS.get(key) or _cached(_KEYS, 1, key)) + b"\x12" + _varint(len(any_value)) + any_value
+        out.append(tag + _varint(len(pair)) + pair)
+    return b"".join(out)
 
 
 #: ``Span.status`` without a message, by code (UNSET, OK, ERROR).
@@ -99,19 +125,28 @@ _STATUS = tuple(_field(15, b"\x18" + _SMALL[code]) for code in range(3))
 _KIND_FIELD = {kind: b"\x30" + _SMALL[number] for kind, number in _KIND.items()}
 
 
+def _status(code: int, description: str | None) -> bytes:
+    if description:
+        return _field(15, _field(2, description.encode()) + b"\x18" + _SMALL[code])
+    return _STATUS[code]
+
+
+def _trace_state(trace_state: Mapping[str, str] | None) -> bytes:
+    return _field(3, ",".join(f"{k}={v}" for k, v in trace_state.items()).encode()) if trace_state else b""
+
+
 def _span(span: ReadableSpan) -> bytes:
     context = span.get_span_context()
     assert context is not None
     parent = span.parent
     status = span.status
-    trace_state = context.trace_state
     body = b"".join(
         (
             b"\x0a\x10",
             context.trace_id.to_bytes(16, "big"),
             b"\x12\x08",
             context.span_id.to_bytes(8, "big"),
-            _field(3, ",".join(f"{k}={v}" for k, v in trace_state.items()).encode()) if trace_state else b"",
+            _trace_state(context.trace_state),
             b"" if parent is None else b"\x22\x08" + parent.span_id.to_bytes(8, "big"),
             _field(5, span.name.encode()),
             _KIND_FIELD[span.kind],
@@ -121,14 +156,74 @@ def _span(span: ReadableSpan) -> bytes:
             _FIXED64.pack(span.end_time or 0),
             _attributes(span.attributes, 9),
             b"\x50" + _varint(span.dropped_attributes) if span.dropped_attributes else b"",
-            _field(15, _field(2, status.description.encode()) + b"\x18" + _SMALL[status.status_code.value])
-            if status.description
-            else _STATUS[status.status_code.value],
+            _status(status.status_code.value, status.description),
             b"\x85\x01",
             _FLAGS_REMOTE_PARENT if parent is not None and parent.is_remote else _FLAGS_LOCAL_PARENT,
         )
     )
     return _field(2, body)
+
+
+_INTERNAL = _KIND_FIELD[SpanKind.INTERNAL]
+_STEP_ERROR = 2  # StatusCode.ERROR
+
+
+def _call(call: CallSpan) -> bytes:
+    """A call's span and its steps (``trace_spans``), as :func:`_span` writes each of them."""
+    context, parent = call.context, call.parent
+    trace = b"\x0a\x10" + context.trace_id.to_bytes(16, "big") + b"\x12\x08"
+    state = _trace_state(context.trace_state)
+    status = call.status
+    spans = [
+        _field(
+            2,
+            b"".join(
+                (
+                    trace,
+                    context.span_id.to_bytes(8, "big"),
+                    state,
+                    b"" if parent is None else b"\x22\x08" + parent.span_id.to_bytes(8, "big"),
+                    _field(5, call.name.encode()),
+                    _KIND_FIELD[call.kind],
+                    b"\x39",
+                    _FIXED64.pack(call.start_time),
+                    b"\x41",
+                    _FIXED64.pack(call.end_time or 0),
+                    _attributes(call.attributes, 9),
+                    b"\x50" + _varint(call.dropped_attributes) if call.dropped_attributes else b"",
+                    _status(status.status_code.value, status.description),
+                    b"\x85\x01",
+                    _FLAGS_REMOTE_PARENT if parent is not None and parent.is_remote else _FLAGS_LOCAL_PARENT,
+                )
+            ),
+        )
+    ]
+    for step in call.steps:
+        spans.append(
+            _field(
+                2,
+                b"".join(
+                    (
+                        trace,
+                        step.span_id.to_bytes(8, "big"),
+                        state,
+                        b"\x22\x08",
+                        step.parent_span_id.to_bytes(8, "big"),
+                        _NAMES.get(step.name) or _cached(_NAMES, 5, step.name),
+                        _INTERNAL,
+                        b"\x39",
+                        _FIXED64.pack(step.start_ns),
+                        b"\x41",
+                        _FIXED64.pack(step.end_ns),
+                        _attributes(step.attributes, 9),
+                        _STATUS[0] if step.error_type is None else _status(_STEP_ERROR, step.error_type),
+                        b"\x85\x01",
+                        _FLAGS_LOCAL_PARENT,
+                    )
+                ),
+            )
+        )
+    return b"".join(spans)
 
 
 def _scope(scope: InstrumentationScope | None) -> bytes:
@@ -140,15 +235,19 @@ def _scope(scope: InstrumentationScope | None) -> bytes:
     return _field(1, body + _attributes(scope.attributes, 3))
 
 
-def encode_trace_request(spans: Sequence[ReadableSpan]) -> bytes:
-    """The serialised ``ExportTraceServiceRequest`` of ``spans``, grouped by resource, then scope."""
-    if any(span.events or span.links for span in spans):
-        encoded: bytes = encode_spans(spans).SerializePartialToString()
+def encode_trace_request(spans: Sequence[ReadableSpan | CallSpan]) -> bytes:
+    """The serialised ``ExportTraceServiceRequest`` of ``spans`` (a call: its span, then its
+    steps), grouped by resource, then scope."""
+    if any(span.events or (not isinstance(span, CallSpan) and span.links) for span in spans):
+        encoded: bytes = encode_spans(spans_of(spans)).SerializePartialToString()
         return encoded
     grouped: dict[Resource, dict[InstrumentationScope | None, list[bytes]]] = {}
     for span in spans:
         by_scope = grouped.setdefault(span.resource, {})
-        by_scope.setdefault(span.instrumentation_scope or None, []).append(_span(span))
+        if isinstance(span, CallSpan):
+            by_scope.setdefault(SCOPE, []).append(_call(span))
+        else:
+            by_scope.setdefault(span.instrumentation_scope or None, []).append(_span(span))
     out = []
     for resource, by_scope in grouped.items():
         body = _field(1, _attributes(resource.attributes, 1))
@@ -167,7 +266,7 @@ class LeanSpanExporter(OTLPSpanExporter):
     """The SDK's OTLP/HTTP exporter (its endpoint, headers, timeout, compression and retries),
     sending requests :func:`encode_trace_request` encoded."""
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def export(self, spans: Sequence[ReadableSpan | CallSpan]) -> SpanExportResult:
         if self._shutdown:
             return SpanExportResult.FAILURE
         try:

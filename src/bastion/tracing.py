@@ -27,18 +27,17 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, MutableMapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Mapping, MutableMapping
+from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import (
     NonRecordingSpan,
     Span,
@@ -46,12 +45,15 @@ from opentelemetry.trace import (
     SpanKind,
     Status,
     StatusCode,
-    Tracer,
+    TraceFlags,
     get_current_span,
     set_span_in_context,
+    use_span,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from bastion.trace_spans import SCOPE, CallSpan, StepSpan, step_record
 
 __all__ = [
     "NO_SPAN",
@@ -87,27 +89,27 @@ def _wanted(environ: Mapping[str, str]) -> bool:
     return bool(endpoint)
 
 
-_SCOPE = InstrumentationScope("bastion")
 _UNSET = Status(StatusCode.UNSET)  # immutable: shared by every step that did not fail
 
 
-#: The batch processor's sizes unless ``OTEL_BSP_*`` set them: a traced call is seven spans, so
-#: the SDK's 2,048-span queue holds under 300 calls (the rest are dropped while the export
-#: thread is behind), and each export of 512 spans is a request: fewer, larger ones cost less.
-_QUEUE_SPANS = 16_384
-_BATCH_SPANS = 2_048
+#: The batch processor's sizes unless ``OTEL_BSP_*`` set them, in calls (a queued item is a
+#: call with its steps, seven spans for a tool call): twice the SDK's queue, so a burst while
+#: the export thread waits on the collector is not dropped, and its 512 a request (about 3,500
+#: spans: fewer, larger requests cost less).
+_QUEUE_CALLS = 4_096
+_BATCH_CALLS = 512
 
 
 def _batch_sizes(environ: Mapping[str, str]) -> tuple[int | None, int | None]:
     """``(max_queue_size, max_export_batch_size)`` for the batch processor: ``None`` where an
     ``OTEL_BSP_*`` variable decides (the SDK reads it, and warns about a bad one)."""
-    queue = None if environ.get("OTEL_BSP_MAX_QUEUE_SIZE") else _QUEUE_SPANS
+    queue = None if environ.get("OTEL_BSP_MAX_QUEUE_SIZE") else _QUEUE_CALLS
     if environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
         return queue, None
     if queue is not None:
-        return queue, _BATCH_SPANS
+        return queue, _BATCH_CALLS
     try:  # never above the queue the variable sets (the SDK refuses a batch larger than it)
-        return None, min(_BATCH_SPANS, int(environ["OTEL_BSP_MAX_QUEUE_SIZE"]))
+        return None, min(_BATCH_CALLS, int(environ["OTEL_BSP_MAX_QUEUE_SIZE"]))
     except ValueError:
         return None, None
 
@@ -131,18 +133,27 @@ class _Resource(Resource):
 class Tracing:
     """This gateway's tracer, exporting over OTLP/HTTP.
 
-    The call span is the SDK's; a step of the call (:meth:`child`) is cheaper: its times are
-    taken on the way in and out and the finished span goes straight to this gateway's batch
-    processor, without the SDK's per-span sampler, locks and processor fan-out (a step is
-    sampled with its call). Only a step that is ``current=True`` (its context goes upstream)
-    is made the current context while it runs."""
+    A governed request's span is a :class:`~bastion.trace_spans.CallSpan`: the provider's
+    sampler, id generator and ``OTEL_ATTRIBUTE_*`` limits decide as for an SDK span, without the
+    SDK span's locks and per-attribute checks. A step of the call (:meth:`child`) is cheaper
+    still: its times are taken on the way in and out and it ends on its call, which goes to the
+    batch processor as one item when it ends (``whole_calls``: the exporter is Bastion's own,
+    ``otlp_export``, which encodes a call with its steps), else as the SDK's spans, one by one.
+    Only a step that is ``current=True`` (its context goes upstream) is made the current context
+    while it runs."""
 
-    def __init__(self, provider: TracerProvider, processor: SpanProcessor) -> None:
+    def __init__(
+        self, provider: TracerProvider, processor: SpanProcessor, *, whole_calls: bool = False
+    ) -> None:
         self._provider = provider
         self._processor = processor  # the one processor of this provider (batched export)
+        self._whole_calls = whole_calls
         self._resource = provider.resource
-        self._ids = RandomIdGenerator()
-        self.tracer: Tracer = provider.get_tracer("bastion")
+        self._sampler = provider.sampler
+        self._ids = provider.id_generator
+        limits = SpanLimits()  # from OTEL_SPAN_ATTRIBUTE_* / OTEL_ATTRIBUTE_*, as the provider's own
+        self._max_attributes = limits.max_span_attributes
+        self._max_length = limits.max_span_attribute_length
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Tracing | None:
@@ -170,79 +181,124 @@ class Tracing:
             LeanSpanExporter(endpoint=endpoint or None), max_queue_size=queue, max_export_batch_size=batch
         )
         provider.add_span_processor(processor)
-        return cls(provider, processor)
+        return cls(provider, processor, whole_calls=True)
 
     def shutdown(self) -> None:
         """Export what is still batched, then stop (blocking: run it in a worker thread)."""
         self._provider.shutdown()
 
-    @contextmanager
-    def call_span(self, name: str, meta: Any, attributes: dict[str, Any]) -> Iterator[Span]:
-        """The span of one governed request, current while it runs, parented by the client's context."""
+    def call_span(self, name: str, meta: Any, attributes: dict[str, Any]) -> AbstractContextManager[Span]:
+        """The span of one governed request, current while it runs, parented by the client's
+        context (``_meta``, else the request's current context); the sampler decides, as the
+        SDK's tracer asks it. An unsampled request's span records nothing (its context still
+        goes upstream, unsampled)."""
         parent = _context_from_meta(meta)
         authenticated = _AUTHENTICATED.get()
         if authenticated is not None:
             _AUTHENTICATED.set(None)  # one call's: a later request in this context authenticates anew
-        with self.tracer.start_as_current_span(
+        parent_context: SpanContext | None = get_current_span(parent).get_span_context()
+        if parent_context is None or not parent_context.is_valid:
+            parent_context = None
+            trace_id = self._ids.generate_trace_id()
+            random_id = self._ids.is_trace_id_random()
+        else:
+            trace_id = parent_context.trace_id
+            random_id = parent_context.trace_flags.random_trace_id
+        sampled = self._sampler.should_sample(parent, trace_id, name, SpanKind.SERVER, attributes)
+        is_sampled = sampled.decision is Decision.RECORD_AND_SAMPLE
+        flags = TraceFlags.SAMPLED if is_sampled else TraceFlags.DEFAULT
+        if random_id:
+            flags |= TraceFlags.RANDOM_TRACE_ID
+        context = SpanContext(
+            trace_id,
+            self._ids.generate_span_id(),
+            is_remote=False,
+            trace_flags=TraceFlags(flags),
+            trace_state=sampled.trace_state,
+        )
+        if not is_sampled:  # (a recorded span that is not sampled would never be exported)
+            return use_span(NonRecordingSpan(context))
+        span = CallSpan(
             name,
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes=attributes,
-            record_exception=False,
-            # Its outcome sets its status (set_outcome): the SDK's own would hold the exception's
-            # text, which may quote an argument or be an upstream's words.
-            set_status_on_exception=False,
-            start_time=None if authenticated is None else authenticated[0],  # the call began there
-        ) as span:
-            if authenticated is not None and span.get_span_context().trace_flags.sampled:
-                step = _Step(self, "bastion.authentication", span.get_span_context(), False)
-                step.start_ns = authenticated[0]
-                self._export(step, authenticated[1], None)
-            yield span
+            context,
+            parent_context,
+            self._resource,
+            dict(sampled.attributes or {}),
+            time.time_ns() if authenticated is None else authenticated[0],  # the call began there
+            max_attributes=self._max_attributes,
+            max_length=self._max_length,
+            on_end=self._ended,
+        )
+        if authenticated is not None:
+            step_id = self._ids.generate_span_id()
+            span.steps.append(
+                step_record(("bastion.authentication", step_id, context.span_id, *authenticated, None, None))
+            )
+        return span  # current while its request runs, ended on the way out (CallSpan.__enter__)
 
     def child(self, name: str, *, current: bool = False) -> AbstractContextManager[Any]:
         """A child span of the current one (a step of the call), the current context while it
         runs only when ``current`` (a step whose context is passed on); nothing when the current
         span is not sampled."""
-        parent = get_current_span().get_span_context()
+        span = get_current_span()
+        if type(span) is CallSpan:  # (not isinstance: Span is an ABC, its check is slow)
+            return _Step(self, name, span, span.context, current) if span.is_recording() else NO_SPAN
+        if type(span) is StepSpan:
+            return _Step(self, name, span.call, span.get_span_context(), current)
+        parent = span.get_span_context()
         if not parent.trace_flags.sampled:
             return NO_SPAN
-        return _Step(self, name, parent, current)
+        return _Step(self, name, None, parent, current)  # under a span that is not Bastion's
 
-    def _export(self, step: _Step, end_ns: int, failed: BaseException | None) -> None:
-        status = _UNSET
-        if failed is not None:  # the type only: an exception's text may carry a value
-            status = Status(StatusCode.ERROR, type(failed).__name__)
+    def _ended(self, span: CallSpan) -> None:
+        if self._whole_calls:
+            self._processor.on_end(span)  # type: ignore[arg-type]  # the exporter encodes calls
+            return
+        for readable in span.readable_spans():
+            self._processor.on_end(readable)
+
+    def _export(self, step: _Step, end_ns: int, error_type: str | None) -> None:
+        """A step whose call has ended (or that is under another's span): on its own."""
+        status = _UNSET if error_type is None else Status(StatusCode.ERROR, error_type)
+        parent = step.parent
         self._processor.on_end(
             ReadableSpan(
                 step.name,
-                context=step.context,
-                parent=step.parent,
+                context=SpanContext(
+                    parent.trace_id, step.span_id, False, parent.trace_flags, parent.trace_state
+                ),
+                parent=parent,
                 resource=self._resource,
                 attributes=step.attributes,
                 kind=SpanKind.INTERNAL,
                 status=status,
                 start_time=step.start_ns,
                 end_time=end_ns,
-                instrumentation_scope=_SCOPE,
+                instrumentation_scope=SCOPE,
             )
         )
 
 
 class _Step:
-    """One step of a call: a child span, exported when it ends (:meth:`Tracing.child`)."""
+    """One step of a call: a child span, ended on its call (:meth:`Tracing.child`)."""
 
-    __slots__ = ("_current", "_token", "_tracing", "attributes", "context", "name", "parent", "start_ns")
+    __slots__ = (
+        "_current",
+        "_token",
+        "_tracing",
+        "attributes",
+        "call",
+        "name",
+        "parent",
+        "span_id",
+        "start_ns",
+    )
 
-    def __init__(self, tracing: Tracing, name: str, parent: SpanContext, current: bool) -> None:
-        self._tracing, self.name, self.parent, self._current = tracing, name, parent, current
-        self.context = SpanContext(
-            parent.trace_id,
-            tracing._ids.generate_span_id(),
-            is_remote=False,
-            trace_flags=parent.trace_flags,
-            trace_state=parent.trace_state,
-        )
+    def __init__(
+        self, tracing: Tracing, name: str, call: CallSpan | None, parent: SpanContext, current: bool
+    ) -> None:
+        self._tracing, self.name, self.call, self.parent, self._current = tracing, name, call, parent, current
+        self.span_id: int = tracing._ids.generate_span_id()
         self.attributes: dict[str, Any] | None = None
         self._token: object | None = None
         self.start_ns = 0
@@ -254,7 +310,12 @@ class _Step:
 
     def __enter__(self) -> _Step:
         if self._current:
-            self._token = otel_context.attach(set_span_in_context(NonRecordingSpan(self.context)))
+            parent = self.parent
+            context = SpanContext(
+                parent.trace_id, self.span_id, False, parent.trace_flags, parent.trace_state
+            )
+            current = NonRecordingSpan(context) if self.call is None else StepSpan(context, self.call)
+            self._token = otel_context.attach(set_span_in_context(current))
         self.start_ns = time.time_ns()
         return self
 
@@ -262,7 +323,21 @@ class _Step:
         end_ns = time.time_ns()
         if self._token is not None:
             otel_context.detach(self._token)  # type: ignore[arg-type]
-        self._tracing._export(self, end_ns, exc)
+        error_type = None if exc is None else type(exc).__name__  # the type only: its text may carry a value
+        call = self.call
+        if call is not None and call.end_time is None:
+            record = (
+                self.name,
+                self.span_id,
+                self.parent.span_id,
+                self.start_ns,
+                end_ns,
+                self.attributes,
+                error_type,
+            )
+            call.steps.append(step_record(record))
+        else:
+            self._tracing._export(self, end_ns, error_type)
 
 
 def child_span(tracing: Tracing | None, name: str) -> AbstractContextManager[Any]:
