@@ -132,6 +132,17 @@ def relayed_tasks_capability(declared: object) -> dict[str, Any] | None:
     return {key: value for key, value in _RELAYED_TASKS.items() if key == "requests" or key in tasks}
 
 
+def _task_malformed() -> UpstreamProtocolError:
+    return UpstreamProtocolError(
+        "Upstream answered a task the gateway cannot read", may_have_acted=True, problem="task_malformed"
+    )
+
+
+def _as_created(task: Mapping[str, Any]) -> dict[str, Any]:
+    """The extension's task as a ``CreateTaskResult`` shows it: without what lives on ``tasks/get``."""
+    return {k: v for k, v in task.items() if k not in _NOT_ON_CREATION}
+
+
 def _unknown_task() -> InvalidParams:
     # One answer for unknown, another owner's and expired: the id says nothing to a non-owner.
     return InvalidParams("Invalid params: unknown task")
@@ -181,7 +192,8 @@ class TaskRelay:
 
     def check_runs_without_task(self, entry: ToolEntry, tool: str) -> None:
         """A call not relayed as a task: refused when its tool runs only as one (``support.py``)."""
-        check_runs_without_task(entry.definition, tool, extension=self.speaks_extension(entry.server))
+        if task_support(entry.definition) == "required":  # only then ask which wire its server speaks
+            check_runs_without_task(entry.definition, tool, extension=self.speaks_extension(entry.server))
 
     def task_request(
         self, wire: TaskWire, params: Mapping[str, Any], request: dict[str, Any]
@@ -226,11 +238,7 @@ class TaskRelay:
             or not upstream_id
             or status is None
         ):
-            raise UpstreamProtocolError(
-                "Upstream answered a task the gateway cannot read",
-                may_have_acted=True,
-                problem="task_malformed",
-            )
+            raise _task_malformed()
         if evidence_session_id is None:
             raise UpstreamProtocolError(  # pragma: no cover - the admitted entry opened the chain
                 "The task's call has no evidence session", may_have_acted=True, problem="task_unrecorded"
@@ -263,8 +271,7 @@ class TaskRelay:
         )
         last = entries[-1] if entries else None
         if flat:
-            shown = {k: v for k, v in result.items() if k not in _NOT_ON_CREATION}
-            return {**shown, "taskId": record.task_id}, last
+            return {**_as_created(result), "taskId": record.task_id}, last
         return {**result, "task": {**task, "taskId": record.task_id}}, last
 
     async def replayed(self, caller: Caller, record: TaskRecord, wire: TaskWire) -> dict[str, Any] | None:
@@ -278,7 +285,7 @@ class TaskRelay:
         try:
             task = await self._poll(caller, record, extension=extension)
             if extension:
-                return {**{k: v for k, v in task.items() if k not in _NOT_ON_CREATION}, "resultType": "task"}
+                return {**_as_created(task), "resultType": "task"}
             return {"task": task}
         except UpstreamReplied:
             if record.terminal:
@@ -522,11 +529,7 @@ class TaskRelay:
         """``task`` as the upstream reported it, recorded (status) and shown with the gateway's id."""
         status = _status_of(task)
         if status is None:
-            raise UpstreamProtocolError(
-                "Upstream answered a task the gateway cannot read",
-                may_have_acted=True,
-                problem="task_malformed",
-            )
+            raise _task_malformed()
         if status is not record.status:
             await self._settle(caller, record, status, outcome=_inlined_outcome(task))
         return {**task, "taskId": record.task_id}
