@@ -15,35 +15,15 @@ import anyio
 import httpx
 import pytest
 
-from tests.e2e.test_tasks_extension_e2e import TOKENS, serving
+from tests.e2e.test_tasks_extension_e2e import serving, session_era
 
 pytestmark = pytest.mark.anyio
-
-VERSION = "2025-11-25"
 
 
 async def test_the_answer_takes_the_form_the_client_ranks_first(tmp_path: Path) -> None:
     with anyio.fail_after(60):
         async with serving(tmp_path, "auto") as (url, _), httpx.AsyncClient(timeout=30) as http:
-            headers = {
-                "authorization": f"Bearer {TOKENS['alice']}",
-                "content-type": "application/json",
-                "accept": "application/json, text/event-stream",
-            }
-            init = {
-                "protocolVersion": VERSION,
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "0"},
-            }
-            opened = await http.post(
-                url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}
-            )
-            assert opened.status_code == 200, opened.text
-            headers |= {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": VERSION}
-            acked = await http.post(
-                url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
-            )
-            assert acked.status_code == 202
+            headers, _, _ = await session_era(http, url, "alice", capabilities={})
 
             async def tools_list(request_id: int, accept: str) -> httpx.Response:
                 message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/list", "params": {}}

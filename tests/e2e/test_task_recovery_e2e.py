@@ -12,7 +12,6 @@ task created at one and killed there is polled to completion at the other.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import signal
 from pathlib import Path
 from typing import Any
@@ -22,15 +21,14 @@ import httpx
 import psycopg
 import pytest
 
-from bastion.tasks.support import TASKS_EXTENSION
 from tests.e2e.test_shared_evidence_crash import bastion_serve
 from tests.e2e.test_tasks_extension_e2e import (
-    TOKENS,
     asker,
     call,
     entries_of,
     fixture_upstream,
     rows,
+    session_era,
     settled,
     write_config,
 )
@@ -85,35 +83,6 @@ async def test_a_task_outlives_a_killed_gateway_and_settles_its_execution_after_
     assert "outcome_unknown" not in events
 
 
-async def _open_session(http: httpx.AsyncClient, url: str, agent: str) -> tuple[dict[str, str], Any]:
-    """A 2025-11-25 transport session of ``agent`` that declares the extension at ``initialize``;
-    its headers and ``ask(method, params)``."""
-    version = "2025-11-25"
-    headers = {
-        "authorization": f"Bearer {TOKENS[agent]}",
-        "content-type": "application/json",
-        "accept": "application/json, text/event-stream",
-    }
-    init = {
-        "protocolVersion": version,
-        "capabilities": {"extensions": {TASKS_EXTENSION: {}}},
-        "clientInfo": {"name": "t", "version": "0"},
-    }
-    opened = await http.post(
-        url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}
-    )
-    headers |= {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": version}
-    await http.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
-    ids = itertools.count(1)
-
-    async def ask(method: str, params: dict[str, Any]) -> dict[str, Any]:
-        message = {"jsonrpc": "2.0", "id": next(ids), "method": method, "params": params}
-        answer: dict[str, Any] = (await http.post(url, headers=headers, json=message)).json()
-        return answer
-
-    return headers, ask
-
-
 async def test_a_session_era_client_reaches_its_task_from_a_new_transport_session(tmp_path: Path) -> None:
     """Created in one transport session, which the client ends; a new session of the same
     static-token agent polls it to ``completed``; another agent's session does not find it."""
@@ -122,15 +91,15 @@ async def test_a_session_era_client_reaches_its_task_from_a_new_transport_sessio
         async with fixture_upstream() as upstream_url, httpx.AsyncClient(timeout=30) as http:
             config = write_config(tmp_path / "gateway.toml", upstream_url)
             async with bastion_serve(config, data_dir, log) as (_, url):
-                first, ask = await _open_session(http, url, "alice")
+                first, ask, _ = await session_era(http, url, "alice")
                 created = await ask(
                     "tools/call", call("slow_compute", {"seconds": 2, "label": "r"}, "exec-r2")
                 )
                 task_id = created["result"]["taskId"]
                 assert (await http.delete(url, headers=first)).status_code in (200, 204)
-                second, ask = await _open_session(http, url, "alice")
+                second, ask, _ = await session_era(http, url, "alice")
                 assert second["mcp-session-id"] != first["mcp-session-id"]
-                _, bob = await _open_session(http, url, "bob")
+                _, bob, _ = await session_era(http, url, "bob")
                 assert (await bob("tasks/get", {"taskId": task_id}))["error"]["code"] == -32602
                 while (polled := (await ask("tasks/get", {"taskId": task_id}))["result"])[
                     "status"

@@ -144,6 +144,43 @@ def asker(http: httpx.AsyncClient, url: str, agent: str) -> Ask:
     return ask
 
 
+async def session_era(
+    http: httpx.AsyncClient, url: str, agent: str, capabilities: dict[str, Any] | None = None
+) -> tuple[dict[str, str], Ask, dict[str, Any]]:
+    """A 2025-11-25 transport session of ``agent`` declaring ``capabilities`` (the tasks extension
+    unless told) at ``initialize``: its headers, ``ask(method, params)`` (the JSON-RPC answer) and
+    the capabilities the gateway announced."""
+    version = "2025-11-25"
+    headers = {
+        "authorization": f"Bearer {TOKENS[agent]}",
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+    }
+    init = {
+        "protocolVersion": version,
+        "capabilities": _OPT_IN if capabilities is None else capabilities,
+        "clientInfo": {"name": "t", "version": "0"},
+    }
+    opened = await http.post(
+        url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}
+    )
+    assert opened.status_code == 200, opened.text
+    headers |= {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": version}
+    acked = await http.post(
+        url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+    )
+    assert acked.status_code == 202, acked.text
+    ids = itertools.count(1)
+
+    async def ask(method: str, params: dict[str, Any]) -> dict[str, Any]:
+        message = {"jsonrpc": "2.0", "id": next(ids), "method": method, "params": params}
+        answer: dict[str, Any] = (await http.post(url, headers=headers, json=message)).json()
+        return answer
+
+    announced: dict[str, Any] = opened.json()["result"]["capabilities"]
+    return headers, ask, announced
+
+
 def rows(data_dir: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
     with contextlib.closing(sqlite3.connect(f"file:{data_dir / 'bastion.db'}?mode=ro", uri=True)) as conn:
         return conn.execute(sql, args).fetchall()
@@ -285,32 +322,10 @@ async def test_a_session_era_client_that_declared_the_extension_is_served_its_ta
     """A 2025-11-25 client that declares the extension at ``initialize``: told of it, its call of a
     task-supporting tool is a task of the extension's wire, polled to its end; ``tasks/list`` (no
     server offers 2025-11-25 tasks) does not exist."""
-    version = "2025-11-25"
     with anyio.fail_after(DEADLINE_S):
         async with serving(tmp_path, "auto") as (url, data_dir), httpx.AsyncClient(timeout=30) as http:
-            headers = {
-                "authorization": f"Bearer {TOKENS['alice']}",
-                "content-type": "application/json",
-                "accept": "application/json, text/event-stream",
-            }
-            init = {
-                "protocolVersion": version,
-                "capabilities": {"extensions": {TASKS_EXTENSION: {}}},
-                "clientInfo": {"name": "t", "version": "0"},
-            }
-            opened = await http.post(
-                url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}
-            )
-            capabilities = opened.json()["result"]["capabilities"]
+            _, ask, capabilities = await session_era(http, url, "alice")
             assert TASKS_EXTENSION in capabilities["extensions"] and "tasks" not in capabilities
-            headers |= {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": version}
-            ids = itertools.count(1)
-
-            async def ask(method: str, params: dict[str, Any]) -> dict[str, Any]:
-                message = {"jsonrpc": "2.0", "id": next(ids), "method": method, "params": params}
-                answer: dict[str, Any] = (await http.post(url, headers=headers, json=message)).json()
-                return answer
-
             created = await ask("tools/call", call("slow_compute", {"seconds": 0.5, "label": "s"}, "exec-s1"))
             assert created["result"]["resultType"] == "task" and created["result"]["taskId"].startswith(
                 "task_"
