@@ -67,6 +67,7 @@ from history import fill_history
 from loadgen import CallError, Mode, PhaseResult, Target, run_phase
 from procs import Child, StartFailed, Terminated, cpu_seconds, free_port, raise_on_signals
 from relay import RelayUnavailable, start_nginx_relay
+from traced import render_tracing, sink_counts, start_sink, traced_env, tracing_ratios, untraced_env
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -107,6 +108,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--audit-off-too",
         action="store_true",
         help="also measure a second bastion started with --unsafe-no-audit (durable audit / audit off)",
+    )
+    parser.add_argument(
+        "--tracing-too",
+        action="store_true",
+        help="also measure a bastion tracing every call to a loopback OTLP receiver (tracing on / off)",
     )
     parser.add_argument(
         "--nginx",
@@ -151,8 +157,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.sessions < 1 or args.calls < 1 or args.latency_calls < 1 or args.rounds < 1:
         parser.error("--sessions, --calls, --latency-calls and --rounds must be at least 1")
-    if args.direct_only and (args.audit_off_too or args.execution_ids or args.postgres):
-        parser.error("--audit-off-too, --execution-ids and --postgres need bastion; drop --direct-only")
+    if args.direct_only and (args.audit_off_too or args.tracing_too or args.execution_ids or args.postgres):
+        parser.error(
+            "--audit-off-too, --tracing-too, --execution-ids and --postgres need bastion; drop --direct-only"
+        )
     if args.store and not args.postgres:
         parser.error("--store is for --postgres")
     if args.history is not None and (args.direct_only or args.store or args.history < 4):
@@ -518,8 +526,12 @@ def start_bastion(
     name: str,
     data: str,
     *extra: str,
+    env: dict[str, str] | None = None,
 ) -> tuple[Child, Target]:
-    """``bastion serve`` on a free port with its own data dir under ``temp``, and its target."""
+    """``bastion serve`` on a free port with its own data dir under ``temp``, and its target.
+
+    ``env``: its environment (default this one without ``OTEL_*``: tracing off, see ``traced.py``).
+    """
     data_dir = temp / data
     data_dir.mkdir(exist_ok=True)  # bench/history.py may have filled it
     child = Child.start(
@@ -540,6 +552,7 @@ def start_bastion(
         ],
         ready=BASTION_READY,
         log_path=temp / f"{name}.log",
+        env=untraced_env() if env is None else env,
         timeout_s=args.start_timeout,
     )
     url = BASTION_READY.search(child.ready_line).group(1)  # type: ignore[union-attr]
@@ -590,90 +603,71 @@ def _started(children: list[Child], bastion: Child) -> None:
     print(f"bench: {bastion.name} ready", file=sys.stderr, flush=True)
 
 
+@dataclass
+class Slot:
+    """One target measured in every round: its results key, its progress label, what it watches."""
+
+    key: str
+    what: str
+    target: Target
+    watched: dict[str, int]
+
+
 async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], int]:
     mode: Mode = args.mode
     children: list[Child] = []
     try:
         upstream, upstream_url = start_upstream(temp, args.start_timeout, json_response=args.upstream_json)
         children.append(upstream)
-        direct_target = Target("direct", upstream_url, TOOL)
-        relay: Child | None = None
-        relay_target: Target | None = None
+        plan = [Slot("direct", "direct", Target("direct", upstream_url, TOOL), {"upstream": upstream.pid})]
         if args.nginx:
             relay, relay_url = start_nginx_relay(temp, upstream_url, args.start_timeout)
             children.append(relay)
-            relay_target = Target("nginx", relay_url, TOOL)
-
-        through_target: Target | None = None
-        bastion: Child | None = None
-        audit_off_target: Target | None = None
-        audit_off: Child | None = None
-        postgres_target: Target | None = None
-        on_postgres: Child | None = None
-        on_history: list[tuple[str, Child, Target]] = []
+            plan.append(
+                Slot("through_nginx", "through nginx", Target("nginx", relay_url, TOOL),
+                     {"upstream": upstream.pid, "relay": relay.pid})
+            )  # fmt: skip
+        bastions: dict[str, Child] = {}  # results key -> the bastion measured under it
+        sink_url = ""
         if not args.direct_only:
             token = secrets.token_urlsafe(32)
             config = temp / "bastion.toml"
             write_config(config, upstream_url, token, args.extra_config)
-            bastion, through_target = start_bastion(args, temp, config, token, "through", "bastion", "data")
-            _started(children, bastion)
-            if args.audit_off_too:
+            started: list[tuple[str, Child, Target]] = []
+
+            def serve(key: str, name: str, data: str, *extra: str, env: dict[str, str] | None = None) -> None:
                 # Own port, own data dir; the same config, token and --bastion-arg.
-                audit_off, audit_off_target = start_bastion(
-                    args,
-                    temp,
-                    config,
-                    token,
-                    "through-audit-off",
-                    "bastion-audit-off",
-                    "data-audit-off",
-                    "--unsafe-no-audit",
-                )
-                _started(children, audit_off)
+                child, target = start_bastion(args, temp, config, token, key, name, data, *extra, env=env)
+                _started(children, child)
+                started.append((key, child, target))
+
+            serve("through", "bastion", "data")
+            if args.audit_off_too:
+                serve("through_audit_off", "bastion-audit-off", "data-audit-off", "--unsafe-no-audit")
+            if args.tracing_too:
+                sink, sink_url = start_sink(temp, args.start_timeout)
+                children.append(sink)
+                serve("through_tracing", "bastion-tracing", "data-tracing", env=traced_env(sink_url))
             if args.postgres:
-                # Own port, own data dir (keys only); the state lives in PostgreSQL.
+                # The state lives in PostgreSQL; the data dir holds the keys only.
                 store_url = engines.postgres_url(args, temp)
-                on_postgres, postgres_target = start_bastion(
-                    args, temp, config, token, "through-postgres", "bastion-postgres", "data-postgres",
+                serve(
+                    "through_postgres", "bastion-postgres", "data-postgres",
                     "--store", store_url, "--generation", "bench-postgres",
                 )  # fmt: skip
-                _started(children, on_postgres)
             if args.history is not None:
-                on_history = await _history_bastions(args, temp, config, token, children)
+                started += await _history_bastions(args, temp, config, token, children)
+            for key, child, target in started:
+                bastions[key] = child
+                # Each phase watches the upstream and the one Bastion it goes through (as "bastion").
+                what = "through bastion" + key.removeprefix("through").replace("_", " ").replace(" ", ", ", 1)
+                plan.append(Slot(key, what, target, {"upstream": upstream.pid, "bastion": child.pid}))
 
-        # Each phase watches the upstream and the one Bastion it goes through (as "bastion").
-        plan: list[tuple[str, Target, dict[str, int]]] = [
-            ("direct", direct_target, {"upstream": upstream.pid})
-        ]
-        if relay_target is not None and relay is not None:
-            plan.append(("through nginx", relay_target, {"upstream": upstream.pid, "relay": relay.pid}))
-        if through_target is not None and bastion is not None:
-            plan.append(
-                ("through bastion", through_target, {"upstream": upstream.pid, "bastion": bastion.pid})
-            )
-        if audit_off_target is not None and audit_off is not None:
-            plan.append(
-                (
-                    "through bastion, audit off",
-                    audit_off_target,
-                    {"upstream": upstream.pid, "bastion": audit_off.pid},
-                )
-            )
-        if postgres_target is not None and on_postgres is not None:
-            plan.append(
-                (
-                    "through bastion, postgres",
-                    postgres_target,
-                    {"upstream": upstream.pid, "bastion": on_postgres.pid},
-                )
-            )
-        for key, child, target in on_history:
-            plan.append((key.replace("_", " "), target, {"upstream": upstream.pid, "bastion": child.pid}))
-        measured: list[list[Measured]] = [[] for _ in plan]
+        measured: dict[str, list[Measured]] = {slot.key: [] for slot in plan}
         for round_index in range(args.rounds):
-            for (what, target, watched), into in zip(plan, measured, strict=True):
-                print(f"round {round_index + 1}/{args.rounds}: {what} ...", file=sys.stderr, flush=True)
-                into.append(await measure(target, args, mode, watched))
+            for slot in plan:
+                print(f"round {round_index + 1}/{args.rounds}: {slot.what} ...", file=sys.stderr, flush=True)
+                measured[slot.key].append(await measure(slot.target, args, mode, slot.watched))
 
         results: dict[str, Any] = {
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -687,34 +681,36 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                 "upstream_response": "json" if args.upstream_json else "sse",
                 "direct_only": args.direct_only,
                 "audit_off_too": args.audit_off_too,
+                "tracing_too": args.tracing_too,
                 "execution_ids": args.execution_ids,
                 "nginx": args.nginx,
             },
             "environment": environment(),
             "upstream_ready_s": round(upstream.ready_after_s, 3),
-            "direct": fold(measured[0]),
+            **{key: fold(rounds) for key, rounds in measured.items()},
         }
-        at = 1  # the index in ``measured`` of the next target in ``plan``
-        if relay is not None:
-            results["through_nginx"] = fold(measured[at])
+        for key, child in bastions.items():
+            results[f"bastion{key.removeprefix('through')}_ready_s"] = round(child.ready_after_s, 3)
+        if "through_nginx" in results:
             results["compared_nginx"] = ratios(results["direct"], results["through_nginx"])
-            at += 1
-        if bastion is not None:
-            results["bastion_ready_s"] = round(bastion.ready_after_s, 3)
-            results["through"] = fold(measured[at])
+        if "through" in results:
             results["compared"] = ratios(results["direct"], results["through"])
-            if relay is not None:
+            if "through_nginx" in results:
                 results["bastion_vs_nginx"] = relay_ratios(results["through_nginx"], results["through"])
             audit: dict[str, float] | None = None
-            if audit_off is not None:
-                results["bastion_audit_off_ready_s"] = round(audit_off.ready_after_s, 3)
-                results["through_audit_off"] = fold(measured[at + 1])
+            if "through_audit_off" in results:
                 results["compared_audit_off"] = ratios(results["direct"], results["through_audit_off"])
                 audit = audit_ratios(results["through"], results["through_audit_off"])
                 results["compared_audit"] = audit
-            if on_postgres is not None:
-                results["bastion_postgres_ready_s"] = round(on_postgres.ready_after_s, 3)
-                results["through_postgres"] = fold(measured[at + (2 if audit_off is not None else 1)])
+            if "through_tracing" in results:
+                bastions["through_tracing"].stop()  # its last batch of spans is flushed on the way out
+                calls_made = args.rounds * (
+                    args.warmup + args.calls + max(1, args.warmup // 4) + args.latency_calls
+                )
+                results["compared_tracing"] = tracing_ratios(
+                    results["through"], results["through_tracing"], sink_counts(sink_url), calls_made
+                )
+            if "through_postgres" in results:
                 results["compared_postgres"] = ratios(results["direct"], results["through_postgres"])
                 results["postgres_vs_sqlite"] = engines.engine_ratios(
                     results["through"], results["through_postgres"]
@@ -724,28 +720,15 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                     results["store_ops_per_call"] = await engines.store_ops_both(
                         args, temp, upstream_url, mode, engines.postgres_url(args, temp)
                     )
-            if on_history:
+            if args.history is not None:
                 results["history"] = args.history_filled
-                for (key, _, _), rounds in zip(on_history, measured[-len(on_history) :], strict=True):
-                    results[key] = fold(rounds)
+                for key in args.history_filled:
                     fresh = results["through_postgres" if "postgres" in key else "through"]
                     results[key.replace("through", "compared")] = history_ratios(fresh, results[key])
             results["targets"] = verdicts(
-                results["compared"], results["through"], bastion.ready_after_s, audit
+                results["compared"], results["through"], bastions["through"].ready_after_s, audit
             )
-        errors = sum(
-            results[key]["headline"]["errors"]
-            for key in (
-                "direct",
-                "through_nginx",
-                "through",
-                "through_audit_off",
-                "through_postgres",
-                "through_history",
-                "through_postgres_history",
-            )
-            if key in results
-        )
+        errors = sum(results[key]["headline"]["errors"] for key in measured)
         return results, (1 if errors else 0)
     finally:
         for child in reversed(children):
@@ -790,6 +773,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n" + render_relay(results))
         if "history" in results:
             print("\n" + render_history(results))
+        if "compared_tracing" in results:
+            print("\n" + render_tracing(results))
         if "through_postgres" in results:
             print("\n" + engines.render_engines(results))
         print(f"\nwrote {out}")

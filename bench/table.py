@@ -13,7 +13,8 @@ Runs, for each build (``--bastion-cmd``, default the venv's ``bastion``; with
    history first (``--history``: 1,000,000 entries, 100,000 executions;
    SQLite, and PostgreSQL unless ``--no-postgres``);
    the two runs with execution ids on also measure a Bastion with its audit
-   off (``--audit-off-too``) and one on PostgreSQL (``--postgres``, one
+   off (``--audit-off-too``), one tracing every call to a loopback OTLP
+   receiver (``--tracing-too``) and one on PostgreSQL (``--postgres``, one
    replica, a throwaway durable cluster), unless ``--no-postgres`` or the
    PostgreSQL server programs are missing;
 2. ``idle_sessions.py``: 10,000 idle session-era sessions, RSS before and after;
@@ -158,7 +159,7 @@ def run_bench(
     if name == targets.HISTORY_RUN:
         argv += ["--history", str(args.history_entries)]
     if extras:
-        argv.append("--audit-off-too")
+        argv += ["--audit-off-too", "--tracing-too"]
         if postgres:
             argv.append("--postgres")
     # run.py's table and progress go to stderr here: stdout is for the one table.

@@ -18,7 +18,7 @@ __all__ = ["ROW_LABELS", "RUNS", "Row", "render", "rows"]
 
 _MIB = 1 << 20
 
-# The run.py runs behind the table: name -> (mode, execution ids, audit off + postgres beside it).
+# The run.py runs behind the table: name -> (mode, execution ids, audit off + tracing + postgres beside it).
 RUNS: dict[str, tuple[str, bool, bool]] = {
     "legacy-ids": ("legacy", True, True),
     "legacy": ("legacy", False, False),
@@ -197,6 +197,27 @@ def _audit(name: str) -> Callable[[dict[str, Any]], tuple[str, str, str]]:
     return figure
 
 
+def _tracing(name: str) -> Callable[[dict[str, Any]], tuple[str, str, str]]:
+    def figure(results: dict[str, Any]) -> tuple[str, str, str]:
+        run = _run(results, name)
+        if "compared_tracing" not in run:
+            raise _Missing("not measured")
+        versus = run["compared_tracing"]
+        on, off = run["through_tracing"]["headline"], run["through"]["headline"]
+        # No span reached the receiver: the figure measures a Bastion that did not trace.
+        exported = versus["spans_exported"] > 0 and not versus["exports_rejected"]
+        return (
+            f"{versus['cpu_ratio']:.3f}x ({on['bastion_cpu_per_call_us']:.0f} / "
+            f"{off['bastion_cpu_per_call_us']:.0f} us)",
+            f"CPU per call, tracing on / off; throughput {versus['throughput_ratio']:.3f}x, "
+            f"{versus['spans_per_call']:.2f} spans exported per call, "
+            f"{versus['exports_rejected']} exports rejected{_errors_note(on['errors'])}",
+            _verdict(versus["cpu_ratio"] <= 1.1 and exported, on["errors"]),
+        )
+
+    return figure
+
+
 def _postgres_throughput(name: str) -> Callable[[dict[str, Any]], tuple[str, str, str]]:
     def figure(results: dict[str, Any]) -> tuple[str, str, str]:
         run = _run(results, name)
@@ -298,6 +319,9 @@ def _target_table() -> list[tuple[str, str, str, Callable[[dict[str, Any]], tupl
         era = _ERA[RUNS[name][0]]
         table.append(
             (f"audit-{name}", f"durable audit vs audit off, {era}", ">= 0.8x audit off", _audit(name))
+        )
+        table.append(
+            (f"tracing-{name}", f"tracing on vs off, CPU per call, {era}", "<= 1.1x off", _tracing(name))
         )
     table += [
         ("idle-sessions", "10,000 idle session-era sessions, RSS", "<= 1024 MiB", _idle),

@@ -45,7 +45,9 @@ EXPECTED_KEYS = [
     "cpu-modern-ids",
     "relay-cpu-modern-ids",
     "audit-legacy-ids",
+    "tracing-legacy-ids",
     "audit-modern-ids",
+    "tracing-modern-ids",
     "idle-sessions",
     "soak",
     "verify-rate",
@@ -106,6 +108,10 @@ def test_quick_table_has_a_row_for_every_target(tmp_path: Path) -> None:
         assert row["status"] in expected, row
     for name in ("run-legacy-ids", "run-legacy", "run-modern-ids", "run-modern", "idle", "verify", "soak"):
         assert (out_dir / "this build" / f"{name}.json").is_file()
+    for name in ("run-legacy-ids", "run-modern-ids"):
+        # The traced Bastion really exported its spans to the receiver, which decoded every body.
+        tracing = json.loads((out_dir / "this build" / f"{name}.json").read_text())["compared_tracing"]
+        assert tracing["spans_exported"] > 0 and tracing["exports_rejected"] == 0, tracing
 
 
 def test_two_builds_are_shown_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
