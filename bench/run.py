@@ -209,6 +209,16 @@ class Measured:
         return self.cpu_s[process] / calls * 1e6 if calls else float("nan")
 
 
+def serial_warmup(args: argparse.Namespace) -> int:
+    """Warm-up calls before the concurrency-1 phase."""
+    return max(1, args.warmup // 4)
+
+
+def calls_per_round(args: argparse.Namespace) -> int:
+    """Every call :func:`measure` sends one target in one round, warm-ups included."""
+    return args.warmup + args.calls + serial_warmup(args) + args.latency_calls
+
+
 async def measure(target: Target, args: argparse.Namespace, mode: Mode, watched: dict[str, int]) -> Measured:
     """The concurrent phase (CPU sampled around it), then the concurrency-1 phase."""
     before: dict[str, float] = {}
@@ -234,7 +244,7 @@ async def measure(target: Target, args: argparse.Namespace, mode: Mode, watched:
             target,
             mode,
             sessions=1,
-            warmup_calls=max(1, args.warmup // 4),
+            warmup_calls=serial_warmup(args),
             calls=args.latency_calls,
             timeout_s=args.call_timeout,
         )
@@ -704,11 +714,11 @@ async def bench(args: argparse.Namespace, temp: Path) -> tuple[dict[str, Any], i
                 results["compared_audit"] = audit
             if "through_tracing" in results:
                 bastions["through_tracing"].stop()  # its last batch of spans is flushed on the way out
-                calls_made = args.rounds * (
-                    args.warmup + args.calls + max(1, args.warmup // 4) + args.latency_calls
-                )
                 results["compared_tracing"] = tracing_ratios(
-                    results["through"], results["through_tracing"], sink_counts(sink_url), calls_made
+                    results["through"],
+                    results["through_tracing"],
+                    sink_counts(sink_url),
+                    args.rounds * calls_per_round(args),
                 )
             if "through_postgres" in results:
                 results["compared_postgres"] = ratios(results["direct"], results["through_postgres"])
